@@ -1,0 +1,68 @@
+/*
+ * mpicoll element-wise kernels: the public C interface.
+ *
+ * This header is read twice: by the C compiler, and by cffi (build_kernels.py
+ * strips the preprocessor lines and hands the rest to ffibuilder.cdef), so it
+ * must stay within the C subset cffi parses: no macros in declarations,
+ * enums with explicit values.
+ *
+ * Nothing here knows about MPI. Every function takes element counts as size_t
+ * and touches exactly n elements of each buffer it is given; the Python
+ * wrappers in mpicoll/kernels.py check that each buffer is that long.
+ */
+#ifndef MPICOLL_KERNELS_H
+#define MPICOLL_KERNELS_H
+#include <stddef.h>
+#include <stdint.h>
+
+/* Element types. float16 is IEEE binary16; bfloat16 is the top half of an
+ * IEEE binary32. Both are reduced through float32 (see reduce.c). */
+enum mpicoll_dtype {
+    MPICOLL_INT8 = 0, MPICOLL_INT16 = 1, MPICOLL_INT32 = 2, MPICOLL_INT64 = 3,
+    MPICOLL_UINT8 = 4, MPICOLL_UINT16 = 5, MPICOLL_UINT32 = 6, MPICOLL_UINT64 = 7,
+    MPICOLL_FLOAT16 = 8, MPICOLL_BFLOAT16 = 9, MPICOLL_FLOAT32 = 10, MPICOLL_FLOAT64 = 11,
+    MPICOLL_NDTYPES = 12
+};
+
+/* Reduction operators. The bitwise and logical ones exist for integers only. */
+enum mpicoll_op {
+    MPICOLL_SUM = 0, MPICOLL_PROD = 1, MPICOLL_MIN = 2, MPICOLL_MAX = 3,
+    MPICOLL_BAND = 4, MPICOLL_BOR = 5, MPICOLL_BXOR = 6,
+    MPICOLL_LAND = 7, MPICOLL_LOR = 8, MPICOLL_LXOR = 9,
+    MPICOLL_NOPS = 10
+};
+
+enum mpicoll_status {
+    MPICOLL_OK = 0,
+    MPICOLL_EDTYPE = -1,      /* dtype code out of range */
+    MPICOLL_EOP = -2,         /* op code out of range */
+    MPICOLL_EOPDTYPE = -3,    /* op not defined for this dtype (band on float) */
+    MPICOLL_EARG = -4         /* bad argument (k < 1, non-float dtype for scale) */
+};
+
+/* dst[i] = a[i] OP b[i] for i < n.  dst may be the same pointer as a or b
+ * (in-place use); partial overlap is not allowed.  For min/max, a NaN in
+ * either operand gives NaN and ties pick a, exactly as numpy's
+ * np.minimum(a, b)/np.maximum(a, b); integer sum and prod wrap. */
+int mpicoll_reduce(int op, int dtype, void *dst, const void *a, const void *b, size_t n);
+
+/* dst[i] = ((srcs[0][i] OP srcs[1][i]) OP srcs[2][i]) ... OP srcs[k-1][i]:
+ * k inputs reduced in the given order in one pass over memory.  dst may be
+ * srcs[0] but no other source. */
+int mpicoll_reduce_many(int op, int dtype, void *dst, const void *const *srcs, int k, size_t n);
+
+/* buf[i] = buf[i] / divisor for floating dtypes (the "avg" op). */
+int mpicoll_scale(int dtype, void *buf, size_t n, double divisor);
+
+/* Conversions used by 16-bit reductions and by wire compression.
+ * float32 -> 16 bit rounds to nearest even; NaN stays NaN. */
+void mpicoll_f32_to_f16(uint16_t *dst, const float *src, size_t n);
+void mpicoll_f16_to_f32(float *dst, const uint16_t *src, size_t n);
+void mpicoll_f32_to_bf16(uint16_t *dst, const float *src, size_t n);
+void mpicoll_bf16_to_f32(float *dst, const uint16_t *src, size_t n);
+
+/* The instruction set the run-time dispatch chose for 16-bit conversions:
+ * "avx512f", "f16c" or "generic". */
+const char *mpicoll_isa(void);
+
+#endif

@@ -1,0 +1,26 @@
+"""mpicoll: collective communication for Python programs on MPI.
+
+All-reduce (ring, tree, recursive doubling, Rabenseifner, native MPI) and
+the related collectives, built on mpi4py point-to-point calls, with the
+element-wise reductions in C kernels bound through cffi.
+
+    import mpicoll
+    y = mpicoll.allreduce(x, op="sum")          # comm defaults to MPI.COMM_WORLD
+    mpicoll.allreduce(x, out=x)                 # in place
+    mpicoll.algorithms("allreduce")             # ['auto', 'mpi', 'rabenseifner', ...]
+"""
+from . import algorithms as _algorithms
+from .api import allgather, allreduce, bcast, explain, reduce, reduce_scatter
+from .dtypes import names as dtypes
+from .ops import names as ops
+
+__version__ = "0.1.0"
+
+
+def algorithms(collective: str = "allreduce") -> list:
+    """Names accepted by ``algorithm=`` for a collective ('auto' first)."""
+    return _algorithms.names(collective)
+
+
+__all__ = ["allreduce", "reduce_scatter", "allgather", "bcast", "reduce", "explain",
+           "algorithms", "dtypes", "ops", "__version__"]

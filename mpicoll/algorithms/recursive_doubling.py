@@ -1,0 +1,42 @@
+"""Recursive-doubling all-reduce.
+
+Function:     allreduce(st, buf, red)
+Description:  After the fold to a power of two (common.Fold), log2(pof2)
+              rounds: in round k each rank swaps its whole vector with the
+              rank whose new rank differs in bit k and combines the two.
+              After the last round every survivor holds the full reduction;
+              the folded-out ranks get it back from their partner.
+
+                  round 0: 0<->1  2<->3     (pairs)
+                  round 1: 0<->2  1<->3     (pairs of pairs)
+
+Cost:         ceil(log2 p) alpha + ceil(log2 p) n beta + ceil(log2 p) n gamma,
+              plus the fold's 2 alpha + 2 n beta + n gamma when p is not a
+              power of two (Thakur, Rabenseifner & Gropp 2005).
+Limitations:  Moves the whole vector every round, so it is for short
+              messages, where the log2(p) latency term dominates.
+              Both partners of a round compute op(lower group, higher group)
+              on the same two operands, so every rank ends with the same bits.
+"""
+from __future__ import annotations
+
+from . import register
+from .common import TAG_ALLREDUCE, Fold, scratch_like, sendrecv
+
+
+@register("allreduce", "recursive_doubling")
+def allreduce(st, buf, red):
+    fold = Fold(st.rank, st.size)
+    fold.fold_in(st, buf, red)
+    if fold.newrank >= 0:
+        tmp = scratch_like(st, "rd", buf.size, buf.dtype)
+        mask = 1
+        while mask < fold.pof2:
+            partner = fold.newrank ^ mask
+            sendrecv(st.comm, buf, fold.real(partner), tmp, fold.real(partner), TAG_ALLREDUCE)
+            if partner < fold.newrank:
+                red.combine(buf, tmp, buf)
+            else:
+                red.combine(buf, buf, tmp)
+            mask <<= 1
+    fold.fold_out(st, buf)
