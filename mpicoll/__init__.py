@@ -10,9 +10,8 @@ element-wise reductions in C kernels bound through cffi.
     mpicoll.algorithms("allreduce")             # ['auto', 'mpi', 'rabenseifner', ...]
 """
 from . import algorithms as _algorithms
+from . import dtypes, kernels, ops  # noqa: F401  (mpicoll.ops.names(), mpicoll.dtypes.names())
 from .api import allgather, allreduce, bcast, explain, reduce, reduce_scatter
-from .dtypes import names as dtypes
-from .ops import names as ops
 
 __version__ = "0.1.0"
 
@@ -23,4 +22,4 @@ def algorithms(collective: str = "allreduce") -> list:
 
 
 __all__ = ["allreduce", "reduce_scatter", "allgather", "bcast", "reduce", "explain",
-           "algorithms", "dtypes", "ops", "__version__"]
+           "algorithms", "__version__"]

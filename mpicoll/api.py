@@ -96,13 +96,14 @@ def allreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", dtype=None)
     comm = check_intracomm(comm)
     result = buffers.output(out, arr.shape, arr.dtype)
     flat = buffers.storage(result, dt)
-    if not buffers.same_memory(result, arr):
-        flat[...] = buffers.storage(arr, dt)
+    src = None if buffers.same_memory(result, arr) else buffers.storage(arr, dt)
     st = state(comm)
     if st.size > 1:
         if name == "auto":
             name = select.allreduce(st.size, flat.nbytes, red.op.name, dt.name, native_dtype=dt.mpi is not None).name
-        _alg.get("allreduce", name)(st, flat, red)
+        _alg.get("allreduce", name)(st, flat, red, src=src)
+    elif src is not None:
+        flat[...] = src
     red.finish(flat, st.size)
     return result
 

@@ -141,6 +141,9 @@ def scale(buf, divisor: float, *, dtype=None) -> None:
         _check(lib.mpicoll_scale(d.code, ffi.from_buffer(flat, require_writable=True), flat.size, float(divisor)))
 
 
+_CTYPE = {2: "uint16_t[]", 4: "float[]"}
+
+
 def _cast(fn, src, src_itemsize, dst_dtype, out):
     src = np.ascontiguousarray(src)
     if src.dtype.itemsize != src_itemsize:
@@ -151,8 +154,8 @@ def _cast(fn, src, src_itemsize, dst_dtype, out):
             or not out.flags.c_contiguous or not out.flags.writeable:
         raise ValueError("mpicoll: cast out must be a writable C-contiguous array of the source's shape")
     if src.size:  # byte views: custom dtypes (ml_dtypes) may not export a buffer format
-        fn(ffi.from_buffer(out.reshape(-1).view(np.uint8), require_writable=True),
-           ffi.from_buffer(src.reshape(-1).view(np.uint8)), src.size)
+        fn(ffi.from_buffer(_CTYPE[out.dtype.itemsize], out.reshape(-1).view(np.uint8), require_writable=True),
+           ffi.from_buffer(_CTYPE[src.dtype.itemsize], src.reshape(-1).view(np.uint8)), src.size)
     return out
 
 

@@ -6,7 +6,7 @@ collectives, as functions with the collective's shared signature:
 ====================  ==============================================  =========================
 collective            signature                                       on return
 ====================  ==============================================  =========================
-``allreduce``         ``fn(st, buf, red)``                            every rank's ``buf`` holds
+``allreduce``         ``fn(st, buf, red, *, src=None)``               every rank's ``buf`` holds
                                                                       the reduction
 ``reduce_scatter``    ``fn(st, buf, red, bounds)``                    ``buf[bounds[rank]]`` holds
                                                                       this rank's reduced block
@@ -19,7 +19,9 @@ collective            signature                                       on return
 ``st`` is the communicator's cached ``CommState`` (private duplicate,
 rank, size, scratch buffers); ``buf`` is a contiguous 1-D *storage* array
 (float16/bfloat16 as uint16) that the algorithm may overwrite; ``red`` is a
-``kernels.Reduction``; ``bounds`` is ``[(start, stop)]`` per rank, in
+``kernels.Reduction``; ``src``, when given, is the input and ``buf`` only
+the output (out-of-place calls: the algorithm may fold the copy into its
+first step instead of paying for a separate one); ``bounds`` is ``[(start, stop)]`` per rank, in
 elements. Extra knobs are keyword-only with defaults
 (``ring.allreduce(st, buf, red, *, segment_bytes=...)``).
 

@@ -57,9 +57,9 @@ def _typed(red: Reduction):
 
 
 @register("allreduce", "mpi")
-def allreduce(st, buf, red):
+def allreduce(st, buf, red, *, src=None):
     datatype, op = _typed(red)
-    st.comm.Allreduce(MPI.IN_PLACE, [buf, datatype], op)
+    st.comm.Allreduce(MPI.IN_PLACE if src is None else [src, datatype], [buf, datatype], op)
 
 
 @register("reduce_scatter", "mpi")

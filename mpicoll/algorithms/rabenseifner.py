@@ -30,11 +30,13 @@ from .common import TAG_ALLREDUCE, Fold, block_bounds, scratch_like, sendrecv
 
 
 @register("allreduce", "rabenseifner")
-def allreduce(st, buf, red):
+def allreduce(st, buf, red, *, src=None):
     n = buf.size
     fold = Fold(st.rank, st.size)
     if n < fold.pof2:
-        return recursive_doubling.allreduce(st, buf, red)
+        return recursive_doubling.allreduce(st, buf, red, src=src)
+    if src is not None:
+        buf[...] = src
     fold.fold_in(st, buf, red)
     if fold.newrank >= 0:
         _halving_doubling(st, buf, red, fold)

@@ -25,7 +25,9 @@ from .common import TAG_ALLREDUCE, Fold, scratch_like, sendrecv
 
 
 @register("allreduce", "recursive_doubling")
-def allreduce(st, buf, red):
+def allreduce(st, buf, red, *, src=None):
+    if src is not None:
+        buf[...] = src
     fold = Fold(st.rank, st.size)
     fold.fold_in(st, buf, red)
     if fold.newrank >= 0:

@@ -50,17 +50,17 @@ SEGMENT_BYTES = 1 << 20
 
 
 @register("allreduce", "ring")
-def allreduce(st, buf, red, *, segment_bytes=SEGMENT_BYTES):
+def allreduce(st, buf, red, *, src=None, segment_bytes=SEGMENT_BYTES):
     if buf.size < st.size:
-        return recursive_doubling.allreduce(st, buf, red)
+        return recursive_doubling.allreduce(st, buf, red, src=src)
     bounds = block_bounds(buf.size, st.size)
-    _reduce_scatter(st, buf, red, bounds, segment_bytes, TAG_ALLREDUCE)
+    _reduce_scatter(st, buf, red, bounds, segment_bytes, TAG_ALLREDUCE, src)
     _allgather(st, buf, bounds, TAG_ALLREDUCE)
 
 
 @register("reduce_scatter", "ring")
 def reduce_scatter(st, buf, red, bounds, *, segment_bytes=SEGMENT_BYTES):
-    _reduce_scatter(st, buf, red, bounds, segment_bytes, TAG_REDUCE_SCATTER)
+    _reduce_scatter(st, buf, red, bounds, segment_bytes, TAG_REDUCE_SCATTER, None)
 
 
 @register("allgather", "ring")
@@ -80,8 +80,13 @@ def _segments(start, stop, nseg):
     return out
 
 
-def _reduce_scatter(st, buf, red, bounds, segment_bytes, tag):
+def _reduce_scatter(st, buf, red, bounds, segment_bytes, tag, src):
+    """Ring reduce-scatter into ``buf``. With ``src`` (out of place), this
+    rank's own data is read from ``src``: each of its blocks is read exactly
+    once (block r-1 is sent, the others are combined), so no copy is needed;
+    block r-1 of ``buf`` is left unwritten (the allgather fills it)."""
     p, r, comm = st.size, st.rank, st.comm
+    own = buf if src is None else src
     right, left = (r + 1) % p, (r - 1) % p
     longest = max(stop - start for start, stop in bounds)
     seg_elems = max(1, segment_bytes // buf.itemsize)
@@ -92,7 +97,7 @@ def _reduce_scatter(st, buf, red, bounds, segment_bytes, tag):
     segs = [_segments(start, stop, nseg) for start, stop in bounds]
 
     # Step 0 sends this rank's own data for block r-1, all segments at once.
-    sends = [comm.Isend([buf[a:b], BYTE], right, tag) for a, b in segs[(r - 1) % p]]
+    sends = [comm.Isend([own[a:b], BYTE], right, tag) for a, b in segs[(r - 1) % p]]
     for step in range(p - 1):
         block = segs[(r - step - 2) % p]
         recvs = [None, None]
@@ -112,7 +117,7 @@ def _reduce_scatter(st, buf, red, bounds, segment_bytes, tag):
             if got != mine.nbytes:
                 raise RuntimeError(f"mpicoll: ring step {step}: expected {mine.nbytes} bytes from rank {left}, "
                                    f"got {got}: the ranks disagree on the message size")
-            red.combine(mine, slots[j % 2][:b - a], mine)  # partial from the left, then ours
+            red.combine(mine, slots[j % 2][:b - a], own[a:b])  # partial from the left, then ours
             if j + 2 < nseg:
                 post(j + 2)
             if step < p - 2:  # this segment is what we send in the next step

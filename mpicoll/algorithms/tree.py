@@ -27,7 +27,9 @@ from .common import TAG_ALLREDUCE, TAG_BCAST, TAG_REDUCE, recv, scratch_like, se
 
 
 @register("allreduce", "tree")
-def allreduce(st, buf, red):
+def allreduce(st, buf, red, *, src=None):
+    if src is not None:
+        buf[...] = src
     binomial_reduce(st, buf, red, 0, TAG_ALLREDUCE)
     binomial_bcast(st, buf, 0, TAG_ALLREDUCE)
 

@@ -1,0 +1,17 @@
+"""mpicoll's benchmarks.
+
+    python -m mpicoll.bench kernels [--mib 16]     # C kernels vs numpy, no MPI needed
+"""
+from __future__ import annotations
+
+import sys
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "kernels":
+        from .kernels import main as kernels_main
+
+        return kernels_main(argv[1:])
+    print(__doc__.strip())
+    return 2

@@ -1,0 +1,83 @@
+"""Shared test helpers.
+
+MPI tests carry ``@pytest.mark.mpi`` and run under mpiexec with
+``--with-mpi`` (``make test`` does this at several process counts); a plain
+``pytest`` run skips them and runs the serial tests (kernels, selection).
+
+Inputs are generated from (seed, rank), so every rank can recompute every
+other rank's input and build the exact reference locally with numpy.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mpicoll import dtypes as _dtypes
+
+ALL_DTYPES = _dtypes.names()
+INT_DTYPES = [d.name for d in _dtypes.ALL if not d.is_float]
+FLOAT_DTYPES = [d.name for d in _dtypes.ALL if d.is_float]
+
+
+def np_dtype(name):
+    """numpy dtype used to hold values of ``name`` in references (bf16 -> ml_dtypes)."""
+    if name == "bfloat16":
+        if _dtypes.BFLOAT16_NUMPY is None:
+            pytest.skip("ml_dtypes not installed")
+        return _dtypes.BFLOAT16_NUMPY
+    return np.dtype(name)
+
+
+def exact_values(name, op, n, seed):
+    """Values for which every reduction order gives the same exact result:
+    small integers (sums of up to 16 stay exact in float16/bfloat16) and,
+    for prod, powers of two (-2, -1, 1, 2, 0.5)."""
+    rng = np.random.default_rng(seed)
+    dt = np_dtype(name)
+    if op == "prod":
+        choices = [-1, 1, 2] if dt.kind in "iu" or name in INT_DTYPES else [-2.0, -1.0, 0.5, 1.0, 2.0]
+        if np.dtype(dt).kind == "u":
+            choices = [1, 2, 3]
+        vals = rng.choice(choices, n)
+    elif np.dtype(dt).kind == "u":
+        vals = rng.integers(0, 8, n)
+    else:
+        vals = rng.integers(-8, 8, n)
+    return vals.astype(dt)
+
+
+NUMPY_OPS = {
+    "sum": np.add,
+    "prod": np.multiply,
+    "min": np.minimum,
+    "max": np.maximum,
+    "band": np.bitwise_and,
+    "bor": np.bitwise_or,
+    "bxor": np.bitwise_xor,
+    "land": lambda a, b: np.logical_and(a, b).astype(a.dtype),
+    "lor": lambda a, b: np.logical_or(a, b).astype(a.dtype),
+    "lxor": lambda a, b: np.logical_xor(a, b).astype(a.dtype),
+}
+
+
+def ops_for(name):
+    from mpicoll import ops
+
+    return [o.name for o in ops.ALL if (name in FLOAT_DTYPES) == ("float" in o.kinds) or
+            ("int" in o.kinds and name in INT_DTYPES)]
+
+
+def reference(inputs, op, size):
+    """Rank-ordered serial reduction with numpy (with an errstate that
+    tolerates integer wraparound)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        if op == "avg":
+            acc = inputs[0].copy()
+            for x in inputs[1:]:
+                acc = np.add(acc, x)
+            return (acc / np.asarray(size, acc.dtype)).astype(acc.dtype)
+        fn = NUMPY_OPS[op]
+        acc = inputs[0].copy()
+        for x in inputs[1:]:
+            acc = fn(acc, x)
+        return acc
