@@ -32,6 +32,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="8,65536,1048576,16777216",
                     help="comma-separated message sizes in bytes (float32)")
+    ap.add_argument("--max-iters", type=int, default=200, help="cap on timed calls per measurement")
     args = ap.parse_args(argv)
     comm = MPI.COMM_WORLD
     rank, p = comm.rank, comm.size
@@ -45,7 +46,7 @@ def main(argv=None):
         x = rng.standard_normal(n).astype(np.float32)
         ref = np.empty_like(x)
         comm.Allreduce(x, ref, MPI.SUM)
-        iters = max(3, min(200, (64 << 20) // max(nbytes, 1) // 4))
+        iters = max(3, min(args.max_iters, (64 << 20) // max(nbytes, 1) // 4))
         t_mpi = timed(comm, lambda: comm.Allreduce(x, ref, MPI.SUM), iters)
         for alg in mpicoll.algorithms("allreduce"):
             out = np.empty_like(x)
