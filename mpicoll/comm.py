@@ -40,7 +40,10 @@ class CommState:
 
     def __init__(self, user_comm: MPI.Intracomm):
         self.handle = user_comm.handle
-        self.comm: MPI.Intracomm = user_comm.Dup()
+        # A plain Intracomm even when the user's is a subclass (mpicoll.Comm,
+        # whose Dup returns its own class): our point-to-point and native
+        # calls must reach MPI, not an override that calls back into mpicoll.
+        self.comm: MPI.Intracomm = MPI.Intracomm(user_comm.Dup())
         self.rank: int = self.comm.Get_rank()
         self.size: int = self.comm.Get_size()
         self._scratch = {}
