@@ -191,6 +191,9 @@ def _host_bytes(o_buf, writable: bool) -> np.ndarray:
             raise _Native
     mb = MPI.buffer(o_buf)
     if writable and mb.readonly:
+        # Let mpi4py's own writable-buffer acquisition raise its own error (it
+        # fails before MPI is called; a no-op on COMM_SELF if it did not).
+        MPI.COMM_SELF.Allreduce(MPI.IN_PLACE, [o_buf, MPI.BYTE], MPI.BOR)
         raise BufferError("message: buffer is not writable")
     if mb.nbytes == 0:
         return np.empty(0, np.uint8)
@@ -290,6 +293,11 @@ def parse(msg, writable: bool, blocks: int = 0) -> _Msg:
     return m
 
 
+def _in_place_arg(sendbuf) -> bool:
+    """mpi4py reads a send buffer of None as MPI.IN_PLACE."""
+    return sendbuf is None or sendbuf is MPI.IN_PLACE
+
+
 def _check_pair(s: _Msg, r: _Msg) -> None:
     if s.datatype != r.datatype:
         raise ValueError("mismatch in send and receive MPI datatypes")
@@ -365,7 +373,7 @@ class Comm(MPI.Intracomm):
         r = parse(recvbuf, writable=True)
         dt, o = _kernel_dtype(r.datatype, op)
         src = None
-        if sendbuf is not MPI.IN_PLACE:
+        if not _in_place_arg(sendbuf):
             s = parse(sendbuf, writable=False)
             _check_pair(s, r)
             if not _in_place(s, r):
@@ -388,7 +396,7 @@ class Comm(MPI.Intracomm):
                 r.dtype = dt
                 out = r.data()
                 x = out
-                if sendbuf is not MPI.IN_PLACE:
+                if not _in_place_arg(sendbuf):
                     s = parse(sendbuf, writable=False)
                     _check_pair(s, r)
                     if not _in_place(s, r):
@@ -407,7 +415,7 @@ class Comm(MPI.Intracomm):
             if not isinstance(op, MPI.Op):
                 raise _Native
             p = self.Get_size()
-            if sendbuf is MPI.IN_PLACE:
+            if _in_place_arg(sendbuf):
                 r = parse(recvbuf, writable=True, blocks=p)
                 dt, o = _kernel_dtype(r.datatype, op)
                 r.dtype = dt
@@ -438,7 +446,7 @@ class Comm(MPI.Intracomm):
                 raise _Native
             p, rank = self.Get_size(), self.Get_rank()
             r = parse(recvbuf, writable=True)
-            in_place = sendbuf is MPI.IN_PLACE
+            in_place = _in_place_arg(sendbuf)
             s = None if in_place else parse(sendbuf, writable=False)
             if s is not None and s.nbytes and r.nbytes and s.address == r.address:
                 in_place = True
@@ -502,7 +510,7 @@ class Comm(MPI.Intracomm):
             r = parse(recvbuf, writable=True, blocks=p)
             block = r.nbytes
             flat = r.raw[:block * p]
-            if sendbuf is MPI.IN_PLACE:
+            if _in_place_arg(sendbuf):
                 s = None
             else:
                 s = parse(sendbuf, writable=False)
