@@ -13,5 +13,9 @@ def main(argv=None) -> int:
         from .kernels import main as kernels_main
 
         return kernels_main(argv[1:])
+    elif argv and argv[0] == "overlap":  # mpiexec -n 2 python -m mpi4py -m mpicoll.bench overlap
+        from .overlap import main as overlap_main
+
+        return overlap_main(argv[1:])
     print(__doc__.strip())
     return 2
