@@ -78,6 +78,8 @@ def _predefined_types():
         try:
             if not v.is_predefined or v.combiner != MPI.COMBINER_NAMED or v.size <= 0:
                 continue
+            if v.lb != 0 or v.extent != v.size:  # padded pair types (DOUBLE_INT): MPI moves those
+                continue
         except MPI.Exception:  # a type this MPI library does not provide
             continue
         dt = None
@@ -86,6 +88,8 @@ def _predefined_types():
         except Exception:  # no numpy equivalent (PACKED, ...) or no mpicoll kernel
             pass
         if dt is not None and dt.itemsize != v.size:
+            dt = None
+        if v == MPI.PACKED or v == MPI.LOGICAL:  # bytes, not numbers / Fortran truth values: MPI's rules
             dt = None
         table[v.py2f()] = (v, dt)
     return table
