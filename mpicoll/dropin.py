@@ -39,6 +39,11 @@ counts), never on rank-local facts, so all ranks take the same path:
 * a root out of range (MPI's own error), a ``None``/``BOTTOM`` buffer with
   a count, device (CUDA array interface / non-CPU DLPack) buffers.
 
+``Iallreduce`` returns an ``mpicoll.Request`` (``Wait()``/``Test()`` as in
+mpi4py, plus ``wait()``/``test()``), not an ``MPI.Request``: wait for several
+with ``mpicoll.waitall(requests)`` (which also takes MPI requests), not with
+``MPI.Request.Waitall``, which cannot advance mpicoll's state machines.
+
 Errors: argument mistakes raise what mpi4py raises for them, with its
 messages (``ValueError("message: ...")``, ``KeyError`` for an unknown
 typecode, ``TypeError`` for a non-``MPI.Op``...), before any message is

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
 import threading
 import time
 
@@ -68,6 +69,10 @@ ENV_PROGRESS_THREAD = "MPICOLL_PROGRESS_THREAD"
 # TAG_SPAN operations (MPI guarantees tags up to 32767 everywhere).
 TAG_BASE = 1
 TAG_SPAN = 32000
+
+# How often (seconds) the interpreter hands the GIL to the progress thread
+# while operations are outstanding (see _Engine._run).
+SWITCH_INTERVAL = 100e-6
 
 # Ring pipelining: segments of at most this many bytes, so each reduced
 # segment is forwarded at once instead of after its whole block.
@@ -400,12 +405,24 @@ class _Engine:
 
     def _run(self) -> None:
         pause = 0.0
+        normal = sys.getswitchinterval()
         while True:
             with self.lock:
-                while not self.stopping and (not self.active or not self.enabled):
-                    pause = 0.0
-                    self.wake.wait()
+                if not self.stopping and (not self.active or not self.enabled):
+                    sys.setswitchinterval(normal)
+                    while not self.stopping and (not self.active or not self.enabled):
+                        pause = 0.0
+                        self.wake.wait()
+                    # A computing caller releases the GIL inside every numpy
+                    # loop but takes it straight back; a waiting thread only
+                    # gets it when the interpreter forces a switch, by default
+                    # after 5 ms. While operations are outstanding, force it
+                    # after SWITCH_INTERVAL so that the progress thread gets a
+                    # turn about that often.
+                    normal = sys.getswitchinterval()
+                    sys.setswitchinterval(min(normal, SWITCH_INTERVAL))
                 if self.stopping:
+                    sys.setswitchinterval(normal)
                     return
                 moved = self._progress_locked()
                 hurry = self.waiters > 0
