@@ -329,6 +329,58 @@ def _check_algorithm(collective: str, algorithm) -> None:
         api._requested(collective, algorithm)
 
 
+# ---- the fast path: plain C-contiguous numpy arrays ------------------------------
+
+def _fast_tables():
+    """numpy dtype -> mpicoll DType, for the dtypes whose buffer format mpi4py
+    maps to a datatype with a kernel (uint8 is MPI.BYTE there: not included),
+    and MPI.Op handle -> op name for the ops with kernels."""
+    dtypes_ = {}
+    for d in _dtypes.ALL:
+        if d.name in ("uint8", "bfloat16"):
+            continue
+        npd = np.dtype(d.name)
+        try:
+            mpit = _format_type(None, memoryview(np.empty(1, npd)).format)
+            if _type_info(mpit)[1] is d:
+                dtypes_[npd] = d
+        except (KeyError, BufferError, _Native):
+            pass
+    ops_ = {o.mpi.py2f(): o for o in _ops.ALL if not o.average}
+    return dtypes_, ops_
+
+
+_FAST = None
+
+
+def _fast_allreduce(sendbuf, recvbuf, op):
+    """(input, output, op name) when both buffers are C-contiguous numpy
+    arrays (or the send buffer is IN_PLACE/None) of one dtype with a kernel
+    and matching sizes, and the op is predefined with a kernel for it; None
+    sends the call down the general path (which also reports errors)."""
+    global _FAST
+    if type(recvbuf) is not np.ndarray or type(op) is not MPI.Op:
+        return None
+    if _FAST is None:
+        _FAST = _fast_tables()
+    dt = _FAST[0].get(recvbuf.dtype)
+    flags = recvbuf.flags
+    if dt is None or not (flags.c_contiguous and flags.writeable):
+        return None
+    o = _FAST[1].get(op.py2f())
+    if o is None or dt.kind not in o.kinds:
+        return None
+    out = recvbuf if recvbuf.ndim == 1 else recvbuf.reshape(-1)
+    if sendbuf is None or sendbuf is MPI.IN_PLACE or sendbuf is recvbuf:
+        return out, out, o.name
+    if type(sendbuf) is not np.ndarray or sendbuf.dtype != recvbuf.dtype or sendbuf.size != recvbuf.size \
+            or not sendbuf.flags.c_contiguous:
+        return None
+    # A different array over the same memory is in place too: mpicoll.allreduce
+    # recognises that itself (and refuses a partial overlap).
+    return (sendbuf if sendbuf.ndim == 1 else sendbuf.reshape(-1)), out, o.name
+
+
 class Comm(MPI.Intracomm):
     """An mpi4py ``Intracomm`` (same MPI handle) whose buffer collectives
     run on mpicoll. See the module docstring for what is accepted."""
@@ -356,6 +408,11 @@ class Comm(MPI.Intracomm):
 
     # -- reductions --
     def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM, *, algorithm="auto"):  # noqa: N802
+        fast = _fast_allreduce(sendbuf, recvbuf, op)
+        if fast is not None:  # plain numpy arrays: the common case, without the general parsing
+            x, out, name = fast
+            api.allreduce(x, name, comm=self, out=out, algorithm=algorithm)
+            return
         try:
             plan = self._allreduce_plan(sendbuf, recvbuf, op)
         except _Native:
@@ -368,6 +425,10 @@ class Comm(MPI.Intracomm):
         """Returns an ``mpicoll.Request`` (``Wait``/``Test``/``wait``/``test``;
         ``mpicoll.waitall`` for several); a native fallback returns mpi4py's
         ``MPI.Request``."""
+        fast = _fast_allreduce(sendbuf, recvbuf, op)
+        if fast is not None:
+            x, out, name = fast
+            return nonblocking.iallreduce(x, name, comm=self, out=out, algorithm=algorithm)
         try:
             plan = self._allreduce_plan(sendbuf, recvbuf, op)
         except _Native:
