@@ -118,12 +118,21 @@ def _check_count(status: MPI.Status, want: int, source: int, what: str) -> None:
 
 
 def ring(nb, buf, red, src, tag):
-    """Ring all-reduce (see algorithms/ring.py for the schedule and its cost),
-    as a state machine. Reduce-scatter: every block is cut into segments;
-    a segment received from the left is combined and forwarded to the right
-    at once (double-buffered receive slots per step, so the next step's
-    segments can already arrive). Allgather: p-1 whole-block exchanges.
-    Fewer elements than ranks: recursive doubling instead."""
+    """Ring all-reduce as a state machine (the schedule is algorithms/ring.py's).
+
+    Description:  Reduce-scatter: every block is cut into segments of at most
+                  SEGMENT_BYTES; a segment received from the left is combined
+                  and forwarded to the right at once. Receive slots are
+                  double-buffered per step, so the next step's segments can
+                  already arrive. Allgather: p-1 whole-block exchanges.
+    Cost:         as the blocking ring, 2 (p-1) alpha + 2 (p-1)/p n beta +
+                  (p-1)/p n gamma, plus one state-machine step (a Python-level
+                  poll) per segment and step; 2 n/p bytes of scratch per
+                  operation.
+    Limitations:  fewer elements than ranks: recursive doubling instead. The
+                  reduction order differs from block to block (every rank
+                  still ends with the same bits); it is the blocking ring's
+                  order, so both give the same bits."""
     p, r, comm = nb.size, nb.rank, nb.comm
     if buf.size < p:
         yield from recursive_doubling(nb, buf, red, src, tag)
@@ -181,8 +190,15 @@ def _segments(start, stop, nseg):
 
 
 def recursive_doubling(nb, buf, red, src, tag):
-    """Recursive doubling (see algorithms/recursive_doubling.py), with the
-    fold to a power of two, as a state machine."""
+    """Recursive doubling as a state machine (the schedule is
+    algorithms/recursive_doubling.py's, with the fold to a power of two).
+
+    Cost:         ceil(log2 p) (alpha + n beta + n gamma), plus the fold's
+                  2 alpha + 2 n beta + n gamma when p is not a power of two;
+                  n bytes of scratch per operation.
+    Limitations:  moves the whole vector every round: for short messages.
+                  Both partners combine the same operands in the same order,
+                  so every rank ends with the same bits."""
     if src is not None:
         buf[...] = src
     comm = nb.comm

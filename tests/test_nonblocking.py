@@ -175,3 +175,16 @@ def test_progress_thread_advances_without_test_calls():
             assert (req.wait() == comm.size).all()
     finally:
         nonblocking.set_progress_thread(was)
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling"])
+def test_same_bits_as_the_blocking_algorithm(algorithm):
+    """The state machines follow the blocking schedules: same order of
+    floating-point additions, so the same bits."""
+    comm = MPI.COMM_WORLD
+    rng = np.random.default_rng(comm.rank + 99)
+    for n in (5, 1001, 70001):
+        x = rng.standard_normal(n).astype(np.float32)
+        a = mpicoll.allreduce(x, algorithm=algorithm)
+        b = mpicoll.iallreduce(x, algorithm=algorithm).wait()
+        assert a.tobytes() == b.tobytes(), f"n={n}"
