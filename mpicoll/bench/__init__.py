@@ -1,6 +1,7 @@
 """mpicoll's benchmarks.
 
     python -m mpicoll.bench kernels [--mib 16]     # C kernels vs numpy, no MPI needed
+    mpiexec -n 4 python -m mpi4py -m mpicoll.bench compression   # fp16/bf16/top-k: time and bytes sent
 """
 from __future__ import annotations
 
@@ -13,5 +14,9 @@ def main(argv=None) -> int:
         from .kernels import main as kernels_main
 
         return kernels_main(argv[1:])
+    elif argv and argv[0] == "compression":
+        from .compression import main as compression_main
+
+        return compression_main(argv[1:])
     print(__doc__.strip())
     return 2
