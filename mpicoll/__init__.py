@@ -12,6 +12,7 @@ element-wise reductions in C kernels bound through cffi.
 from . import algorithms as _algorithms
 from . import dtypes, kernels, ops  # noqa: F401  (mpicoll.ops.names(), mpicoll.dtypes.names())
 from .api import allgather, allreduce, bcast, explain, reduce, reduce_scatter
+from .nonblocking import Request, iallreduce, waitall  # noqa: F401  (nonblocking all-reduce)
 
 __version__ = "0.1.0"
 

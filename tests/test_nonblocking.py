@@ -1,0 +1,159 @@
+"""Nonblocking all-reduce: every state machine x awkward counts x dtypes,
+several outstanding operations on one communicator completed in different
+orders on different ranks, with the progress thread on and off, against
+numpy and blocking MPI_Allreduce. Run under mpiexec (``make test``)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpicoll
+from conftest import exact_values, reference
+from mpicoll import nonblocking
+
+pytestmark = pytest.mark.mpi
+
+ALGORITHMS = nonblocking.names()
+
+
+@pytest.fixture(params=["thread", "no-thread"])
+def progress_mode(request):
+    """Runs a test with the progress thread on, then off (collectively: every
+    rank switches at the same point, between operations)."""
+    was = nonblocking._engine.enabled
+    nonblocking.set_progress_thread(request.param == "thread")
+    yield request.param
+    nonblocking.set_progress_thread(was)
+
+
+def counts_for(p):
+    return sorted({0, 1, max(p - 1, 1), 2 * p + 1, 1000, 70001})
+
+
+def same_everywhere(comm, arr):
+    digests = comm.allgather(arr.tobytes())
+    assert all(d == digests[0] for d in digests), "ranks hold different bits"
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_iallreduce_exact(algorithm, progress_mode):
+    comm = MPI.COMM_WORLD
+    p, rank = comm.size, comm.rank
+    for name, op in (("float32", "sum"), ("int64", "bxor"), ("float16", "max"), ("float64", "avg"),
+                     ("bfloat16", "sum")):
+        if algorithm == "mpi" and name in ("float16", "bfloat16"):
+            with pytest.raises(ValueError, match="MPI datatype"):
+                mpicoll.iallreduce(np.zeros(3, np.float16), algorithm="mpi")
+            continue
+        for n in counts_for(p) if name == "float32" else (0, p + 1, 5000):
+            inputs = [exact_values(name, "sum" if op == "avg" else op, n, 31 * r + 7) for r in range(p)]
+            want = reference(inputs, op, p)
+            x = inputs[rank].copy()
+            got = mpicoll.iallreduce(x, op=op, algorithm=algorithm).wait()
+            np.testing.assert_array_equal(got.astype(np.float64), want.astype(np.float64),
+                                          err_msg=f"{algorithm} {op} {name} n={n}")
+            np.testing.assert_array_equal(x, inputs[rank])  # input untouched
+            same_everywhere(comm, got)
+            req = mpicoll.iallreduce(x, op=op, out=x, algorithm=algorithm)  # in place
+            assert req.wait() is x
+            np.testing.assert_array_equal(x.astype(np.float64), want.astype(np.float64))
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_outstanding_operations_complete_in_any_order(algorithm, progress_mode):
+    """Five operations of different sizes in flight on one communicator (and
+    one on a split of it); each rank waits for them in its own order, some
+    with test() polling, some with waitall."""
+    comm = MPI.COMM_WORLD
+    p, rank = comm.size, comm.rank
+    sizes = [70001, 1, 0, 3000, 2 * p + 1]
+    inputs = [[exact_values("float32", "sum", n, 1000 * k + r) for r in range(p)] for k, n in enumerate(sizes)]
+    reqs = [mpicoll.iallreduce(inputs[k][rank], algorithm=algorithm) for k in range(len(sizes))]
+    half = comm.Split(rank % 2, rank)
+    hx = np.full(4097, rank + 1, np.int32)
+    hreq = mpicoll.iallreduce(hx, comm=half, algorithm=algorithm)
+    order = np.random.default_rng(rank).permutation(len(sizes))
+    for k in order[:2]:
+        while not reqs[k].test():
+            pass
+    for k in order[2:4]:
+        reqs[k].wait()
+    results = mpicoll.waitall(reqs + [hreq])
+    for k in range(len(sizes)):
+        np.testing.assert_array_equal(results[k], reference(inputs[k], "sum", p), err_msg=f"op {k}")
+        assert reqs[k].test() and reqs[k].done
+    assert (results[-1] == sum(r + 1 for r in range(rank % 2, p, 2))).all()
+    half.Free()
+
+
+def test_matches_mpi_allreduce_and_overlaps_blocking_calls(progress_mode):
+    """Random floats vs MPI_Allreduce, with blocking mpicoll calls and user
+    point-to-point traffic issued while the operations are outstanding."""
+    comm = MPI.COMM_WORLD
+    rng = np.random.default_rng(comm.rank)
+    x = rng.standard_normal(100_003)
+    native = np.empty_like(x)
+    comm.Allreduce(x, native, MPI.SUM)
+    reqs = [mpicoll.iallreduce(x, algorithm=a) for a in ("ring", "recursive_doubling", "mpi")]
+    y = mpicoll.allreduce(x, algorithm="ring")  # a blocking call in between
+    token = comm.sendrecv(comm.rank, dest=(comm.rank + 1) % comm.size, source=(comm.rank - 1) % comm.size)
+    assert token == (comm.rank - 1) % comm.size
+    tol = 8 * comm.size * np.finfo(np.float64).eps * np.abs(x).max() * comm.size
+    for got in mpicoll.waitall(reqs) + [y]:
+        np.testing.assert_allclose(got, native, rtol=0, atol=tol)
+        same_everywhere(comm, got)
+
+
+def test_bad_arguments_raise_before_any_message():
+    comm = MPI.COMM_WORLD
+    x = np.ones(8, np.float32)
+    with pytest.raises(ValueError, match="unknown iallreduce algorithm"):
+        mpicoll.iallreduce(x, algorithm="tree")
+    with pytest.raises(TypeError):
+        mpicoll.iallreduce(x, algorithm=3)
+    with pytest.raises(TypeError, match="integer"):
+        mpicoll.iallreduce(x, op="bxor")
+    with pytest.raises(ValueError, match="shape"):
+        mpicoll.iallreduce(x, out=np.empty(7, np.float32))
+    with pytest.raises(TypeError):
+        mpicoll.waitall([object()])
+    # Nothing was started: the next operation still matches on every rank.
+    assert (mpicoll.iallreduce(x).wait() == comm.size).all()
+
+
+def test_progress_thread_switch():
+    if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+        pytest.skip("MPI without MPI_THREAD_MULTIPLE: no progress thread")
+    was = nonblocking._engine.enabled
+    try:
+        nonblocking.set_progress_thread(True)
+        assert nonblocking.progress_thread_active()
+        req = mpicoll.iallreduce(np.ones(10, np.int64), algorithm="ring")
+        assert (req.wait() == MPI.COMM_WORLD.size).all()
+        nonblocking.set_progress_thread(False)
+        assert not nonblocking.progress_thread_active()
+    finally:
+        nonblocking.set_progress_thread(was)
+
+
+def test_progress_thread_advances_without_test_calls():
+    """With the thread on, an operation completes while this rank never calls
+    test()/wait() (it only sleeps), which is what overlap needs."""
+    if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+        pytest.skip("MPI without MPI_THREAD_MULTIPLE: no progress thread")
+    import time
+
+    comm = MPI.COMM_WORLD
+    was = nonblocking._engine.enabled
+    nonblocking.set_progress_thread(True)
+    try:
+        for algorithm in ("ring", "recursive_doubling"):
+            req = mpicoll.iallreduce(np.ones(50_000, np.float32), algorithm=algorithm)
+            deadline = time.monotonic() + 60
+            while not req.done and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert req.done, f"{algorithm}: the progress thread did not complete the operation"
+            assert (req.wait() == comm.size).all()
+    finally:
+        nonblocking.set_progress_thread(was)
