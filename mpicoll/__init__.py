@@ -13,6 +13,7 @@ from . import algorithms as _algorithms
 from . import dtypes, kernels, ops  # noqa: F401  (mpicoll.ops.names(), mpicoll.dtypes.names())
 from .api import allgather, allreduce, bcast, explain, reduce, reduce_scatter
 from .nonblocking import Request, iallreduce, waitall  # noqa: F401  (nonblocking all-reduce)
+from .bucketing import GradientBucketer, HalfPrecision, TopK  # noqa: F401  (data-parallel training)
 
 __version__ = "0.1.0"
 
