@@ -2,6 +2,7 @@
 
     python -m mpicoll.bench kernels [--mib 16]     # C kernels vs numpy, no MPI needed
     mpiexec -n 4 python -m mpi4py -m mpicoll.bench compression   # fp16/bf16/top-k: time and bytes sent
+    mpiexec -n 4 python -m mpi4py -m mpicoll.bench bucketing     # fused buckets vs one all-reduce per array
 """
 from __future__ import annotations
 
@@ -18,5 +19,9 @@ def main(argv=None) -> int:
         from .compression import main as compression_main
 
         return compression_main(argv[1:])
+    elif argv and argv[0] == "bucketing":
+        from .bucketing import main as bucketing_main
+
+        return bucketing_main(argv[1:])
     print(__doc__.strip())
     return 2
