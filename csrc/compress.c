@@ -49,13 +49,20 @@ static void accumulate_round(to32_fn to32, from32_fn from32, uint16_t *dst,
                              const float *a, float divisor, const uint16_t *b, size_t n)
 {
     float t[ACC_BLOCK] __attribute__((aligned(64)));
+    if (!b && divisor == 1.0f) {        /* first send, no pre-division: a plain conversion */
+        from32(dst, a, n);
+        return;
+    }
     for (size_t i = 0; i < n; i += ACC_BLOCK) {
         size_t m = n - i < ACC_BLOCK ? n - i : ACC_BLOCK;
         if (b)
             to32(t, b + i, m);
         else
             for (size_t j = 0; j < m; j++) t[j] = 0.0f;
-        add_quotient_f32(t, a + i, divisor, m);
+        if (divisor == 1.0f)
+            add_f32(t, a + i, m);       /* a / 1 is a: skip the division */
+        else
+            add_quotient_f32(t, a + i, divisor, m);
         from32(dst + i, t, m);
     }
 }
