@@ -186,3 +186,16 @@ def test_bucketer_one_rank_step_and_errors():
         mpicoll.GradientBucketer([np.ones(3, np.float32)], comm=MPI.COMM_SELF, bucket_bytes=0)
     with pytest.raises(TypeError):
         mpicoll.GradientBucketer(["x"], comm=MPI.COMM_SELF)
+
+
+@pytest.mark.parametrize("case", ["normal", "ties", "spike", "ramp"])
+def test_topk_threshold_selection_is_exact(case):
+    n, k = 300_007, 3001
+    rng = np.random.default_rng(5)
+    mag = {"normal": np.abs(rng.standard_normal(n)),
+           "ties": np.ones(n),
+           "spike": np.where(np.arange(n) % 997 == 1, 10.0, 1e-3),  # the large entries sit between sample points
+           "ramp": np.arange(n, dtype=np.float64)}[case].astype(np.float32)
+    got = C._largest(mag, k)
+    assert got.size == k and np.unique(got).size == k
+    np.testing.assert_array_equal(np.sort(mag[got]), np.sort(mag)[n - k:])
