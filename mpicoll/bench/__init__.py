@@ -23,5 +23,9 @@ def main(argv=None) -> int:
         from .bucketing import main as bucketing_main
 
         return bucketing_main(argv[1:])
+    elif argv and argv[0] == "overlap":  # mpiexec -n 2 python -m mpi4py -m mpicoll.bench overlap
+        from .overlap import main as overlap_main
+
+        return overlap_main(argv[1:])
     print(__doc__.strip())
     return 2

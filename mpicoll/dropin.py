@@ -1,0 +1,604 @@
+"""``mpicoll.Comm``: an mpi4py intra-communicator whose buffer collectives run on mpicoll.
+
+An existing mpi4py program switches by changing one line::
+
+    comm = mpicoll.Comm(MPI.COMM_WORLD)     # was: comm = MPI.COMM_WORLD
+
+``Comm`` is a subclass of ``MPI.Intracomm`` over the same MPI handle (the
+shape of mpi4py's own ``demo/reductions``), so ``isinstance`` checks, ranks,
+``Barrier``, point-to-point calls and the lowercase pickle methods are plain
+mpi4py, and ``Dup``/``Split``/``Create``... return ``Comm`` objects again.
+
+Overridden: ``Allreduce``, ``Iallreduce``, ``Reduce``, ``Reduce_scatter_block``,
+``Reduce_scatter``, ``Allgather`` and ``Bcast``. They take exactly mpi4py's
+arguments, plus an optional ``algorithm=`` keyword:
+
+* buffer specs as mpi4py parses them (``message_simple`` in mpi4py's
+  msgbuffer.pxi): a bare buffer, ``[buf, datatype]``, ``[buf, count]``,
+  ``[buf, count, datatype]``, ``[buf, (count, displ), datatype]``,
+  ``[buf, count, displ, datatype]``, the datatype given as ``MPI.Datatype``
+  or typecode string, the count inferred from the buffer when not given
+  (split into ``size`` blocks where mpi4py does that), ``MPI.IN_PLACE``, a
+  send buffer that *is* the receive buffer treated as in place, ``None``
+  for the receive buffer of a non-root ``Reduce`` and for ``recvcounts``;
+* buffers: anything ``MPI.buffer`` accepts on the host (numpy, array.array,
+  bytearray, memoryview, any buffer-protocol object, DLPack producers).
+  mpi4py's own ``MPI.buffer`` acquires them, so an unsupported, read-only or
+  non-contiguous buffer fails with mpi4py's own exception.
+
+Falling back: a call mpicoll cannot serve goes to ``MPI.Intracomm``'s own
+method, so it behaves exactly as in plain mpi4py. The tests for that depend
+only on what every rank of a correct program agrees on (datatype, op, root,
+counts), never on rank-local facts, so all ranks take the same path:
+
+* an op that is not a predefined ``MPI.Op`` with an mpicoll kernel for the
+  datatype (user-defined ops, MAXLOC, REPLACE, LAND on floats...);
+* a derived datatype, or a predefined one without a kernel (complex, long
+  double, bool, ...; data-movement collectives accept every predefined
+  type), MPI.BYTE with an arithmetic op;
+* a root out of range (MPI's own error), a ``None``/``BOTTOM`` buffer with
+  a count, device (CUDA array interface / non-CPU DLPack) buffers.
+
+``Iallreduce`` returns an ``mpicoll.Request`` (``Wait()``/``Test()`` as in
+mpi4py, plus ``wait()``/``test()``), not an ``MPI.Request``: wait for several
+with ``mpicoll.waitall(requests)`` (which also takes MPI requests), not with
+``MPI.Request.Waitall``, which cannot advance mpicoll's state machines.
+
+Errors: argument mistakes raise what mpi4py raises for them, with its
+messages (``ValueError("message: ...")``, ``KeyError`` for an unknown
+typecode, ``TypeError`` for a non-``MPI.Op``...), before any message is
+sent. One deliberate difference: an explicit count larger than the buffer,
+which mpi4py passes on to MPI unchecked, is a ValueError here.
+"""
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+from mpi4py import MPI
+from mpi4py.util import dtlib
+
+from . import algorithms as _alg
+from . import api, nonblocking, select
+from . import dtypes as _dtypes
+from . import ops as _ops
+from .comm import state
+
+__all__ = ["Comm"]
+
+
+class _Native(Exception):
+    """Raised inside the parsing to send the call to mpi4py's own method."""
+
+
+# ---- datatypes ----------------------------------------------------------------
+
+def _predefined_types():
+    """Every named, predefined MPI datatype: py2f handle -> (datatype, mpicoll DType or None)."""
+    table = {}
+    for name in dir(MPI):
+        v = getattr(MPI, name)
+        if not isinstance(v, MPI.Datatype) or v == MPI.DATATYPE_NULL:
+            continue
+        try:
+            if not v.is_predefined or v.combiner != MPI.COMBINER_NAMED or v.size <= 0:
+                continue
+            if v.lb != 0 or v.extent != v.size:  # padded pair types (DOUBLE_INT): MPI moves those
+                continue
+        except MPI.Exception:  # a type this MPI library does not provide
+            continue
+        dt = None
+        try:
+            dt = _dtypes.of_numpy(dtlib.to_numpy_dtype(v))
+        except Exception:  # no numpy equivalent (PACKED, ...) or no mpicoll kernel
+            pass
+        if dt is not None and dt.itemsize != v.size:
+            dt = None
+        if v == MPI.PACKED or v == MPI.LOGICAL:  # bytes, not numbers / Fortran truth values: MPI's rules
+            dt = None
+        table[v.py2f()] = (v, dt)
+    return table
+
+
+_TYPES = None
+
+
+def _type_info(datatype: MPI.Datatype):
+    """(size in bytes, mpicoll DType or None); _Native for derived types."""
+    global _TYPES
+    if _TYPES is None:
+        _TYPES = _predefined_types()
+    found = _TYPES.get(datatype.py2f())
+    if found is None:
+        raise _Native  # derived (or unknown) datatype: MPI handles it
+    return found[0].size, found[1]
+
+
+def _kernel_dtype(datatype: MPI.Datatype, op) -> tuple:
+    """(DType, mpicoll Op) for a reduction, or _Native."""
+    if not isinstance(op, MPI.Op):
+        raise _Native  # mpi4py raises its TypeError
+    _, dt = _type_info(datatype)
+    if datatype == MPI.BYTE:
+        # MPI defines BYTE for the bitwise ops only; anything else is MPI's error to give.
+        if op not in (MPI.BAND, MPI.BOR, MPI.BXOR):
+            raise _Native
+        dt = _dtypes.BY_NAME["uint8"]
+    if dt is None:
+        raise _Native
+    try:
+        o = _ops.resolve(op)
+        o.check_dtype(dt)
+    except (TypeError, ValueError):
+        raise _Native from None
+    return dt, o
+
+
+# ---- buffer specs (mirrors mpi4py's message_simple) -----------------------------
+
+_TYPEDICT = MPI._typedict
+
+
+def _as_datatype(t) -> MPI.Datatype:
+    if isinstance(t, MPI.Datatype):
+        return t
+    try:
+        return _TYPEDICT[t]
+    except (KeyError, TypeError):
+        raise KeyError(f"cannot map {t!r} to MPI datatype") from None
+
+
+def _format_type(obj, fmt: str) -> MPI.Datatype:
+    if fmt == "B":
+        return MPI.BYTE
+    if fmt[:1] in "@<" and len(fmt) > 1:
+        if fmt[0] == "<" and np.little_endian is False:  # pragma: no cover - big-endian hosts
+            raise BufferError(f"format string {fmt!r} with non-native byte order")
+        fmt = fmt[1:]
+    elif fmt[:1] in ">!":
+        if not (fmt[0] == ">" and not np.little_endian):
+            raise BufferError(f"format string {fmt!r} with non-native byte order")
+        fmt = fmt[1:]
+    return _as_datatype(fmt)
+
+
+def _is_datatype(x) -> bool:
+    return isinstance(x, (MPI.Datatype, str))
+
+
+def _index(x) -> int:
+    return operator.index(x)
+
+
+class _Msg:
+    """One parsed buffer spec: ``raw`` (uint8 view from the first used byte),
+    ``count`` entries of ``datatype`` (``itemsize`` bytes each)."""
+
+    __slots__ = ("raw", "count", "datatype", "itemsize", "dtype")
+
+    @property
+    def nbytes(self) -> int:
+        return self.count * self.itemsize
+
+    def data(self) -> np.ndarray:
+        """The used bytes, as a storage array of the kernel dtype (bytes if none)."""
+        b = self.raw[:self.nbytes]
+        return b.view(self.dtype.storage) if self.dtype is not None else b
+
+    @property
+    def address(self) -> int:
+        return self.raw.ctypes.data if self.raw.size else 0
+
+
+def _host_bytes(o_buf, writable: bool) -> np.ndarray:
+    """uint8 view of a host buffer, acquired by mpi4py's own MPI.buffer."""
+    if not _is_buffer(o_buf):
+        if hasattr(o_buf, "__cuda_array_interface__"):
+            raise _Native  # device memory: the MPI library may handle it, we cannot
+        dev = getattr(o_buf, "__dlpack_device__", None)
+        if dev is not None and dev()[0] != 1:  # kDLCPU
+            raise _Native
+    mb = MPI.buffer(o_buf)
+    if writable and mb.readonly:
+        # Let mpi4py's own writable-buffer acquisition raise its own error (it
+        # fails before MPI is called; a no-op on COMM_SELF if it did not).
+        MPI.COMM_SELF.Allreduce(MPI.IN_PLACE, [o_buf, MPI.BYTE], MPI.BOR)
+        raise BufferError("message: buffer is not writable")
+    if mb.nbytes == 0:
+        return np.empty(0, np.uint8)
+    return np.frombuffer(mb, np.uint8)
+
+
+def _is_buffer(obj) -> bool:
+    try:
+        memoryview(obj).release()
+        return True
+    except TypeError:
+        return False
+
+
+def _buffer_format(o_buf) -> str:
+    if _is_buffer(o_buf):
+        with memoryview(o_buf) as mv:
+            return mv.format
+    arr = np.from_dlpack(o_buf)
+    return memoryview(arr).format if arr.size else np.dtype(arr.dtype).char
+
+
+def parse(msg, writable: bool, blocks: int = 0) -> _Msg:
+    """Parse an mpi4py buffer spec the way mpi4py's ``message_simple`` does
+    (same accepted forms, same errors); _Native for what only MPI can do."""
+    o_buf = o_count = o_displ = o_type = None
+    if _is_buffer(msg):
+        o_buf = msg
+    elif isinstance(msg, (list, tuple)):
+        n = len(msg)
+        if n == 2:
+            o_buf, o_count = msg
+            if _is_datatype(o_count):
+                o_count, o_type = None, o_count
+            elif isinstance(o_count, (list, tuple)):
+                o_count, o_displ = o_count
+        elif n == 3:
+            o_buf, o_count, o_type = msg
+            if isinstance(o_count, (list, tuple)):
+                o_count, o_displ = o_count
+        elif n == 4:
+            o_buf, o_count, o_displ, o_type = msg
+        else:
+            raise ValueError("message: expecting 2 to 4 items")
+    elif hasattr(msg, "__dlpack__") or hasattr(msg, "__cuda_array_interface__"):
+        o_buf = msg
+    else:
+        raise TypeError("message: expecting buffer or list/tuple")
+
+    if o_buf is None or o_buf is MPI.BOTTOM:
+        datatype = _as_datatype(o_type)
+        raw = np.empty(0, np.uint8)
+        if o_buf is MPI.BOTTOM:
+            raise _Native  # absolute addresses: only MPI can follow them
+    else:
+        raw = _host_bytes(o_buf, writable)
+        datatype = _as_datatype(o_type) if o_type is not None else _format_type(o_buf, _buffer_format(o_buf))
+    size, dt = _type_info(datatype)
+
+    length = raw.size
+    if o_displ is not None:
+        displ = _index(o_displ)
+        if displ < 0:
+            raise ValueError(f"message: negative displacement {displ}")
+        if displ > 0:
+            if displ * size > length:
+                raise ValueError(f"message: displacement {displ} out of bounds, "
+                                 f"number of datatype entries {length // size}")
+            raw = raw[displ * size:]
+            length = raw.size
+    if o_count is not None:
+        count = _index(o_count)
+        if count < 0:
+            raise ValueError(f"message: negative count {count}")
+        if count > 0 and o_buf is None:
+            raise ValueError(f"message: buffer is None but count is {count}")
+        if count * size * max(blocks, 1) > length:
+            # mpi4py hands this to MPI unchecked (a read or write past the buffer).
+            raise ValueError(f"message: count {count} of {max(blocks, 1)} block(s) needs "
+                             f"{count * size * max(blocks, 1)} bytes, the buffer has {length}")
+    else:
+        count = 0
+        if length > 0:
+            if length % size:
+                raise ValueError(f"message: cannot infer count, buffer length {length} is not a multiple of "
+                                 f"datatype extent {size} (lb:0, ub:{size})")
+            entries = length // size
+            if blocks < 2:
+                count = entries
+            else:
+                if entries % blocks:
+                    raise ValueError(f"message: cannot infer count, number of entries {entries} is not a "
+                                     f"multiple of required number of blocks {blocks}")
+                count = entries // blocks
+    m = _Msg()
+    m.raw, m.count, m.datatype, m.itemsize, m.dtype = raw, count, datatype, size, dt
+    return m
+
+
+def _in_place_arg(sendbuf) -> bool:
+    """mpi4py reads a send buffer of None as MPI.IN_PLACE."""
+    return sendbuf is None or sendbuf is MPI.IN_PLACE
+
+
+def _check_pair(s: _Msg, r: _Msg) -> None:
+    if s.datatype != r.datatype:
+        raise ValueError("mismatch in send and receive MPI datatypes")
+    if s.count != r.count:
+        raise ValueError(f"mismatch in send count {s.count} and receive count {r.count}")
+
+
+def _in_place(s: _Msg, r: _Msg) -> bool:
+    """mpi4py's rule: a send buffer at the receive buffer's address is in
+    place. Any other overlap is an error MPI would not catch reliably."""
+    if s.nbytes and r.nbytes and s.address == r.address:
+        return True
+    if s.nbytes and r.nbytes and np.may_share_memory(s.raw[:s.nbytes], r.raw[:r.nbytes]):
+        raise ValueError("mpicoll: send and receive buffers partially overlap")
+    return False
+
+
+def _check_algorithm(collective: str, algorithm) -> None:
+    if algorithm != "auto":
+        api._requested(collective, algorithm)
+
+
+# ---- the fast path: plain C-contiguous numpy arrays ------------------------------
+
+def _fast_tables():
+    """numpy dtype -> mpicoll DType, for the dtypes whose buffer format mpi4py
+    maps to a datatype with a kernel (uint8 is MPI.BYTE there: not included),
+    and MPI.Op handle -> op name for the ops with kernels."""
+    dtypes_ = {}
+    for d in _dtypes.ALL:
+        if d.name in ("uint8", "bfloat16"):
+            continue
+        npd = np.dtype(d.name)
+        try:
+            mpit = _format_type(None, memoryview(np.empty(1, npd)).format)
+            if _type_info(mpit)[1] is d:
+                dtypes_[npd] = d
+        except (KeyError, BufferError, _Native):
+            pass
+    ops_ = {o.mpi.py2f(): o for o in _ops.ALL if not o.average}
+    return dtypes_, ops_
+
+
+_FAST = None
+
+
+def _fast_allreduce(sendbuf, recvbuf, op):
+    """(input, output, op name) when both buffers are C-contiguous numpy
+    arrays (or the send buffer is IN_PLACE/None) of one dtype with a kernel
+    and matching sizes, and the op is predefined with a kernel for it; None
+    sends the call down the general path (which also reports errors)."""
+    global _FAST
+    if type(recvbuf) is not np.ndarray or type(op) is not MPI.Op:
+        return None
+    if _FAST is None:
+        _FAST = _fast_tables()
+    dt = _FAST[0].get(recvbuf.dtype)
+    flags = recvbuf.flags
+    if dt is None or not (flags.c_contiguous and flags.writeable):
+        return None
+    o = _FAST[1].get(op.py2f())
+    if o is None or dt.kind not in o.kinds:
+        return None
+    out = recvbuf if recvbuf.ndim == 1 else recvbuf.reshape(-1)
+    if sendbuf is None or sendbuf is MPI.IN_PLACE or sendbuf is recvbuf:
+        return out, out, o.name
+    if type(sendbuf) is not np.ndarray or sendbuf.dtype != recvbuf.dtype or sendbuf.size != recvbuf.size \
+            or not sendbuf.flags.c_contiguous:
+        return None
+    # A different array over the same memory is in place too: mpicoll.allreduce
+    # recognises that itself (and refuses a partial overlap).
+    return (sendbuf if sendbuf.ndim == 1 else sendbuf.reshape(-1)), out, o.name
+
+
+class Comm(MPI.Intracomm):
+    """An mpi4py ``Intracomm`` (same MPI handle) whose buffer collectives
+    run on mpicoll. See the module docstring for what is accepted."""
+
+    def __new__(cls, comm=None):
+        if comm is not None:
+            if not isinstance(comm, MPI.Comm):
+                raise TypeError(f"mpicoll.Comm wraps an mpi4py communicator, not {type(comm).__name__}")
+            if isinstance(comm, MPI.Intercomm) or (comm != MPI.COMM_NULL and comm.Is_inter()):
+                raise TypeError("mpicoll.Comm needs an intra-communicator")
+        return super().__new__(cls, comm)
+
+    # -- constructors keep the class (mpi4py's Dup/Clone already do) --
+    def Split(self, color=0, key=0):  # noqa: N802 (mpi4py's names)
+        return type(self)(super().Split(color, key))
+
+    def Split_type(self, split_type, key=0, info=MPI.INFO_NULL):  # noqa: N802
+        return type(self)(super().Split_type(split_type, key, info))
+
+    def Create(self, group):  # noqa: N802
+        return type(self)(super().Create(group))
+
+    def Create_group(self, group, tag=0):  # noqa: N802
+        return type(self)(super().Create_group(group, tag))
+
+    # -- reductions --
+    def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM, *, algorithm="auto"):  # noqa: N802
+        fast = _fast_allreduce(sendbuf, recvbuf, op)
+        if fast is not None:  # plain numpy arrays: the common case, without the general parsing
+            x, out, name = fast
+            api.allreduce(x, name, comm=self, out=out, algorithm=algorithm)
+            return
+        try:
+            plan = self._allreduce_plan(sendbuf, recvbuf, op)
+        except _Native:
+            return super().Allreduce(sendbuf, recvbuf, op)
+        _check_algorithm("allreduce", algorithm)
+        flat, src, dt, o = plan
+        api.allreduce(flat if src is None else src, o, comm=self, out=flat, algorithm=algorithm, dtype=dt.name)
+
+    def Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM, *, algorithm="auto"):  # noqa: N802
+        """Returns an ``mpicoll.Request`` (``Wait``/``Test``/``wait``/``test``;
+        ``mpicoll.waitall`` for several); a native fallback returns mpi4py's
+        ``MPI.Request``."""
+        fast = _fast_allreduce(sendbuf, recvbuf, op)
+        if fast is not None:
+            x, out, name = fast
+            return nonblocking.iallreduce(x, name, comm=self, out=out, algorithm=algorithm)
+        try:
+            plan = self._allreduce_plan(sendbuf, recvbuf, op)
+        except _Native:
+            return super().Iallreduce(sendbuf, recvbuf, op)
+        flat, src, dt, o = plan
+        return nonblocking.iallreduce(flat if src is None else src, o, comm=self, out=flat,
+                                      algorithm=algorithm, dtype=dt.name)
+
+    def _allreduce_plan(self, sendbuf, recvbuf, op):
+        if not isinstance(op, MPI.Op):
+            raise _Native
+        r = parse(recvbuf, writable=True)
+        dt, o = _kernel_dtype(r.datatype, op)
+        src = None
+        if not _in_place_arg(sendbuf):
+            s = parse(sendbuf, writable=False)
+            _check_pair(s, r)
+            if not _in_place(s, r):
+                src = s.data()
+        r.dtype = dt
+        if src is not None:
+            src = src.view(dt.storage)
+        return r.data(), src, dt, o
+
+    def Reduce(self, sendbuf, recvbuf, op=MPI.SUM, root=0, *, algorithm="auto"):  # noqa: N802
+        try:
+            if not isinstance(op, MPI.Op) or not isinstance(root, (int, np.integer)) or isinstance(root, bool):
+                raise _Native  # mpi4py's TypeError
+            if not 0 <= root < self.Get_size():
+                raise _Native  # MPI's own invalid-root error
+            is_root = self.Get_rank() == root
+            if is_root:
+                r = parse(recvbuf, writable=True)
+                dt, o = _kernel_dtype(r.datatype, op)
+                r.dtype = dt
+                out = r.data()
+                x = out
+                if not _in_place_arg(sendbuf):
+                    s = parse(sendbuf, writable=False)
+                    _check_pair(s, r)
+                    if not _in_place(s, r):
+                        x = s.raw[:s.nbytes].view(dt.storage)
+            else:  # mpi4py ignores a non-root recvbuf entirely
+                s = parse(sendbuf, writable=False)
+                dt, o = _kernel_dtype(s.datatype, op)
+                x, out = s.raw[:s.nbytes].view(dt.storage), None
+        except _Native:
+            return super().Reduce(sendbuf, recvbuf, op, root)
+        _check_algorithm("reduce", algorithm)
+        api.reduce(x, o, root, comm=self, out=out, algorithm=algorithm, dtype=dt.name)
+
+    def Reduce_scatter_block(self, sendbuf, recvbuf, op=MPI.SUM, *, algorithm="auto"):  # noqa: N802
+        try:
+            if not isinstance(op, MPI.Op):
+                raise _Native
+            p = self.Get_size()
+            if _in_place_arg(sendbuf):
+                r = parse(recvbuf, writable=True, blocks=p)
+                dt, o = _kernel_dtype(r.datatype, op)
+                r.dtype = dt
+                x = r.raw[:r.nbytes * p].view(dt.storage)
+                out = x[:r.count]
+            else:
+                r = parse(recvbuf, writable=True)
+                s = parse(sendbuf, writable=False, blocks=p)
+                _check_pair(s, r)
+                dt, o = _kernel_dtype(r.datatype, op)
+                r.dtype = dt
+                out = r.data()
+                x = s.raw[:s.nbytes * p].view(dt.storage)
+                if out.nbytes and np.may_share_memory(x, out):
+                    # mpi4py's "same address is in place" rule: the whole send
+                    # buffer starting at the receive buffer.
+                    if s.address != r.address:
+                        raise ValueError("mpicoll: send and receive buffers partially overlap")
+                    out = x[:r.count]
+        except _Native:
+            return super().Reduce_scatter_block(sendbuf, recvbuf, op)
+        _check_algorithm("reduce_scatter", algorithm)
+        api.reduce_scatter(x, o, comm=self, counts=[r.count] * p, out=out, algorithm=algorithm, dtype=dt.name)
+
+    def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM, *, algorithm="auto"):  # noqa: N802
+        try:
+            if not isinstance(op, MPI.Op):
+                raise _Native
+            p, rank = self.Get_size(), self.Get_rank()
+            r = parse(recvbuf, writable=True)
+            in_place = _in_place_arg(sendbuf)
+            s = None if in_place else parse(sendbuf, writable=False)
+            if s is not None and s.nbytes and r.nbytes and s.address == r.address:
+                in_place = True
+            dt, o = _kernel_dtype(r.datatype, op)
+            if recvcounts is None and not in_place:
+                counts = state(self).comm.allgather(r.count)  # as mpi4py does, on our private duplicate
+            else:
+                if recvcounts is None:
+                    raise TypeError("object of type 'NoneType' has no len()")
+                counts = [_index(c) for c in recvcounts] if not isinstance(recvcounts, (str, bytes)) else None
+                if counts is None:
+                    raise TypeError(f"'{type(recvcounts).__name__}' object cannot be interpreted as an integer")
+                if len(counts) != p:
+                    raise ValueError(f"expecting {p} items, got {len(counts)}")
+            total = sum(counts)
+            if not in_place:
+                if s.datatype != r.datatype:
+                    raise ValueError("mismatch in send and receive MPI datatypes")
+                if s.count != total:
+                    raise ValueError(f"mismatch in send count {s.count} and sum(counts) {total}")
+                if r.count != counts[rank]:
+                    raise ValueError(f"mismatch in receive count {r.count} and counts[{rank}] {counts[rank]}")
+            elif r.count != total:
+                raise ValueError(f"mismatch in receive count {r.count} and sum(counts) {total}")
+            if any(c < 0 for c in counts):
+                raise _Native  # MPI's error
+            r.dtype = dt
+            if in_place:
+                x = r.data()
+                out = x[:counts[rank]]
+            else:
+                x = s.raw[:s.nbytes].view(dt.storage)
+                out = r.data()
+                if out.nbytes and x.nbytes and np.may_share_memory(x, out):
+                    raise ValueError("mpicoll: send and receive buffers partially overlap")
+        except _Native:
+            return super().Reduce_scatter(sendbuf, recvbuf, recvcounts, op)
+        _check_algorithm("reduce_scatter", algorithm)
+        api.reduce_scatter(x, o, comm=self, counts=counts, out=out, algorithm=algorithm, dtype=dt.name)
+
+    # -- data movement (any predefined datatype: nothing is reduced) --
+    def Bcast(self, buf, root=0, *, algorithm="auto"):  # noqa: N802
+        try:
+            if not isinstance(root, (int, np.integer)) or isinstance(root, bool):
+                raise _Native
+            if not 0 <= root < self.Get_size():
+                raise _Native
+            is_root = self.Get_rank() == root
+            m = parse(buf, writable=not is_root)
+            data = m.raw[:m.nbytes]
+            if is_root and not data.flags.writeable:
+                data = data.copy()  # root only sends, but mpicoll.bcast wants a writable buffer
+        except _Native:
+            return super().Bcast(buf, root)
+        _check_algorithm("bcast", algorithm)
+        api.bcast(data, root, comm=self, algorithm=algorithm)
+
+    def Allgather(self, sendbuf, recvbuf, *, algorithm="auto"):  # noqa: N802
+        try:
+            p, rank = self.Get_size(), self.Get_rank()
+            r = parse(recvbuf, writable=True, blocks=p)
+            block = r.nbytes
+            flat = r.raw[:block * p]
+            if _in_place_arg(sendbuf):
+                s = None
+            else:
+                s = parse(sendbuf, writable=False)
+                if s.nbytes != block:
+                    raise _Native  # a type-signature mismatch: MPI's error to report
+            if s is not None:
+                mine = s.raw[:s.nbytes]
+                if block and np.may_share_memory(mine, flat):
+                    if mine.ctypes.data != flat[rank * block:].ctypes.data:
+                        raise ValueError("mpicoll: send buffer overlaps the receive buffer")
+                else:
+                    flat[rank * block:(rank + 1) * block] = mine
+        except _Native:
+            return super().Allgather(sendbuf, recvbuf)
+        _check_algorithm("allgather", algorithm)
+        st = state(self)
+        if st.size > 1 and block:
+            name = api._requested("allgather", algorithm)
+            if name == "auto":
+                name = select.simple("allgather", p, flat.nbytes).name
+            _alg.get("allgather", name)(st, flat, [(i * block, (i + 1) * block) for i in range(p)])
