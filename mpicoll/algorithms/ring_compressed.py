@@ -29,6 +29,8 @@ Error:        a block's partial sum is rounded to 16 bits once per hop, so
               bfloat16, of the largest partial sum's magnitude); float16
               overflows above 65504: pass divisor = p (pre-division) when
               the sum may exceed it.
+Registry:     none: its arguments are not the shared all-reduce signature
+              (typed input, separate wire buffer); mpicoll/compression.py calls it.
 Limitations:  sum (and avg through the caller) of float32 only; the caller
               converts float64. With fewer elements than ranks some blocks
               are empty and the empty messages cost latency for nothing

@@ -25,6 +25,8 @@ Cost:         one allgather of 8k+8 bytes per rank: (p-1) (8k+8) bytes sent per
               contributions overlap less as p grows, so a sparse reduce
               cannot do better than the union of the index sets).
               Plus O(p k log(p k)) for the sums and O(n) to zero the output.
+Registry:     none: its arguments are not the shared all-reduce signature
+              (typed input, separate wire buffer); mpicoll/compression.py calls it.
 Limitations:  n < 2^31 (int32 indices); every rank must pass the same k and
               n (checked: a mismatch raises on every rank).
 """

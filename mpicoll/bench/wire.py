@@ -46,7 +46,8 @@ class CountingComm:
         return self._comm.Sendrecv(sendbuf, dest, sendtag, recvbuf, source, recvtag, status)
 
     def Allgather(self, sendbuf, recvbuf):
-        self.sent += (self.size - 1) * _nbytes(sendbuf)
+        m = _nbytes(recvbuf) // self.size if sendbuf is MPI.IN_PLACE else _nbytes(sendbuf)
+        self.sent += (self.size - 1) * m
         return self._comm.Allgather(sendbuf, recvbuf)
 
     def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM):
