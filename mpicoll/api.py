@@ -68,7 +68,7 @@ def _root(root, size: int) -> int:
     return int(root)
 
 
-def allreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", dtype=None):
+def allreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", dtype=None, reproducible=False):
     """Reduce ``x`` element-wise across all ranks of ``comm``; every rank gets the result.
 
     Parameters
@@ -87,9 +87,15 @@ def allreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", dtype=None)
     dtype : optional
         Declares the element type when the buffer cannot carry it:
         ``dtype="bfloat16"`` over uint16 storage.
+    reproducible : bool
+        If True, the result is bit-identical to the serial rank-ordered
+        reduction ((x0 op x1) op x2) ... whatever the process count, node
+        layout or ``algorithm`` (see algorithms/reproducible.py for the cost).
 
     Returns ``out`` (a new array of x's shape and dtype if ``out`` is None).
     """
+    if not isinstance(reproducible, bool):
+        raise TypeError(f"mpicoll: reproducible must be a bool, not {type(reproducible).__name__}")
     arr, dt = buffers.as_reducible(x, dtype)
     red = _reduction(op, dt)
     name = _requested("allreduce", algorithm)
@@ -98,14 +104,25 @@ def allreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", dtype=None)
     flat = buffers.storage(result, dt)
     src = None if buffers.same_memory(result, arr) else buffers.storage(arr, dt)
     st = state(comm)
-    if st.size > 1:
+    if st.size > 1 and reproducible:
+        from .algorithms import reproducible as _rep
+        _rep.allreduce(st, flat, red, src=src)
+    elif st.size > 1:
         if name == "auto":
-            name = select.allreduce(st.size, flat.nbytes, red.op.name, dt.name, native_dtype=dt.mpi is not None).name
+            name = select.allreduce(st.size, flat.nbytes, red.op.name, dt.name, native_dtype=dt.mpi is not None,
+                                    **_layout(st)).name
         _alg.get("allreduce", name)(st, flat, red, src=src)
     elif src is not None:
         flat[...] = src
     red.finish(flat, st.size)
     return result
+
+
+def _layout(st) -> dict:
+    """Node layout for select.allreduce (collective on a communicator's first call)."""
+    from .node import node_info
+    info = node_info(st)
+    return dict(ranks_per_node=info.ranks_per_node, nodes=info.nodes)
 
 
 def reduce_scatter(x, op="sum", *, comm=None, counts=None, out=None, algorithm="auto", dtype=None):
@@ -234,4 +251,10 @@ def explain(nbytes: int, *, comm=None, op="sum", dtype="float32") -> select.Choi
     forced = os.environ.get(ENV_ALGORITHM)
     if forced and forced != "auto" and _alg.has("allreduce", forced):
         return select.Choice(forced, f"forced by {ENV_ALGORITHM}")
-    return select.allreduce(comm.Get_size(), int(nbytes), o.name, dt.name, native_dtype=dt.mpi is not None)
+    # The node layout is known once the communicator has been used (finding
+    # it is collective, and explain is not); before that, one rank per node.
+    from . import comm as _comm
+    st = comm.Get_attr(_comm._keyval) if _comm._keyval is not None else None
+    layout = _layout(st) if st is not None and "node" in st.extra else {}
+    return select.allreduce(comm.Get_size(), int(nbytes), o.name, dt.name, native_dtype=dt.mpi is not None,
+                            **layout)
