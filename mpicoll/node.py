@@ -25,15 +25,28 @@ What it records:
 """
 from __future__ import annotations
 
+import os
+
 from mpi4py import MPI
 
 from .comm import state as _state
+
+# Emulation for tests on one machine: "nodes" of this many consecutive ranks
+# (MPI_Comm_split instead of MPI_Comm_split_type; the shared-memory window
+# still works because all ranks really share the machine's memory). Read
+# when a communicator's layout is first needed. Real multi-host runs use
+# scripts/testbed.sh instead.
+ENV_FAKE_NODE_SIZE = "MPICOLL_FAKE_NODE_SIZE"
 
 
 class NodeInfo:
     def __init__(self, comm: MPI.Intracomm):
         rank = comm.Get_rank()
-        self.local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+        fake = os.environ.get(ENV_FAKE_NODE_SIZE)
+        if fake:
+            self.local = comm.Split(rank // max(1, int(fake)), key=rank)
+        else:
+            self.local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
         self.local_rank = self.local.Get_rank()
         self.local_size = self.local.Get_size()
         # Every rank learns every rank's (lowest rank on its node): one small

@@ -61,10 +61,10 @@ def _cross_allreduce(info, view, red) -> None:
 
 
 @register("allreduce", "hierarchical")
-def allreduce(st, buf, red, *, src=None, chunk_bytes=shm.CHUNK_BYTES):
+def allreduce(st, buf, red, *, src=None, chunk_bytes=shm.CHUNK_BYTES, sync=None):
     info = node_info(st)
     if info.nodes == 1:
-        return shm.pipeline(st, info, buf, red, src, chunk_bytes)
+        return shm.pipeline(st, info, buf, red, src, chunk_bytes, sync=sync)
 
     if info.uniform:
         def between(w, chunk, a, b):
@@ -75,4 +75,4 @@ def allreduce(st, buf, red, *, src=None, chunk_bytes=shm.CHUNK_BYTES):
             if info.local_rank == 0:
                 _cross_allreduce(info, chunk, red)
 
-    shm.pipeline(st, info, buf, red, src, chunk_bytes, between)
+    shm.pipeline(st, info, buf, red, src, chunk_bytes, between, sync=sync)

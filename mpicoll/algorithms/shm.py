@@ -64,12 +64,15 @@ import numpy as np
 from mpi4py import MPI
 
 from . import register
+from .._kernels import ffi, lib
 from ..node import node_info
 
 # 8 MiB chunks: measured on a 2-core EPYC (32 MiB L3) with the MPICH wheel,
 # 1-16 MiB chunks are within noise for long messages; 8 MiB keeps the window
 # at 16 MiB per rank (2 slots) and the barrier count low.
 CHUNK_BYTES = 8 << 20
+# "flags" (counters in the window, csrc/shmsync.c) or "barrier" (MPI_Barrier).
+SYNC = "flags"
 # Issue bound: never more than this per rank in the window.
 MAX_WINDOW_BYTES = 32 << 20
 
@@ -79,17 +82,31 @@ _live = weakref.WeakValueDictionary()
 _serial = 0
 
 
+# Sync flags: one int64 counter per rank, FLAG_STRIDE bytes apart (two cache
+# lines: no false sharing, even with adjacent-line prefetch), all in a header
+# at the start of rank 0's segment; every segment has a header of the same
+# size so that the slots are laid out alike.
+FLAG_STRIDE = 128
+# Polls before a waiting rank starts yielding its core (see csrc/shmsync.c).
+SPINS = 200
+
+
 class ShmWindow:
     """One shared window on a node communicator: ``slot(r, s)`` is rank r's
-    slot s (2 slots per rank, ``slot_bytes`` each), as a uint8 array."""
+    slot s (2 slots per rank, ``slot_bytes`` each), as a uint8 array; a
+    header before the slots holds the sync flags."""
 
-    def __init__(self, local: MPI.Intracomm, slot_bytes: int):
+    def __init__(self, local: MPI.Intracomm, slot_bytes: int, sync: str = "flags"):
+        if sync not in ("flags", "barrier"):
+            raise ValueError(f"mpicoll: shm sync must be 'flags' or 'barrier', not {sync!r}")
+        k = local.Get_size()
+        self.header = -(-k * FLAG_STRIDE // 4096) * 4096
         self.slot_bytes = slot_bytes
         # Page-aligned per-rank segments: each rank's memory is first touched
         # (and so placed) by that rank, and no two ranks write one cache line.
         info = MPI.Info.Create()
         info.Set("alloc_shared_noncontig", "true")
-        self.win = MPI.Win.Allocate_shared(2 * slot_bytes, 1, info, comm=local)
+        self.win = MPI.Win.Allocate_shared(self.header + 2 * slot_bytes, 1, info, comm=local)
         info.Free()
         self.win.Lock_all(MPI.MODE_NOCHECK)  # one passive epoch for the window's lifetime
         self._mem = []
@@ -98,21 +115,39 @@ class ShmWindow:
             self._mem.append(np.frombuffer(mem, np.uint8))
         self.local = local
         self.turn = 0  # the slot the next chunk uses (same on every rank)
+        self.k, self.me = k, local.Get_rank()
+        self.sync_mode = sync
+        self.sync = self._flag_sync if sync == "flags" else self._barrier_sync
+        self.epoch = 0  # sync points passed (same on every rank); counters start at 0
+        flags = self._mem[0]
+        if self.me == 0:
+            flags[:self.header] = 0  # rank 0 clears the flags ...
+        self._flags = ffi.from_buffer(flags)
+        self._my_flag = ffi.cast("int64_t *", ffi.from_buffer(flags[self.me * FLAG_STRIDE:]))
+        self._barrier_sync()  # ... before anyone uses a flag
         global _serial
         _serial += 1
         self._serial = _serial
         _live[_serial] = self
 
     def slot(self, r: int, s: int) -> np.ndarray:
-        return self._mem[r][s * self.slot_bytes:(s + 1) * self.slot_bytes]
+        start = self.header + s * self.slot_bytes
+        return self._mem[r][start:start + self.slot_bytes]
 
-    def sync(self) -> None:
+    def _barrier_sync(self) -> None:
+        # MPI-3's idiom for shared windows: Win_sync, Barrier, Win_sync.
         self.win.Sync()
         self.local.Barrier()
         self.win.Sync()
 
+    def _flag_sync(self) -> None:
+        self.epoch += 1
+        lib.mpicoll_flag_set(self._my_flag, self.epoch)
+        lib.mpicoll_flag_wait(self._flags, FLAG_STRIDE, self.k, self.epoch, SPINS)
+
     def free(self) -> None:
-        self._mem = []  # no view may outlive the memory
+        self._mem = []  # no view or pointer may outlive the memory
+        self._flags = self._my_flag = None
         if self.win != MPI.WIN_NULL and not MPI.Is_finalized():
             self.win.Unlock_all()
             self.win.Free()
@@ -130,17 +165,17 @@ def _free_all_at_exit():
             w.free()
 
 
-def window(st, info, nbytes: int) -> ShmWindow:
+def window(st, info, nbytes: int, sync: str = "flags") -> ShmWindow:
     """The communicator's window, with slots of at least ``nbytes`` (grown if needed)."""
     w = st.extra.get("shm")
-    if w is None or w.slot_bytes < nbytes:
+    if w is None or w.slot_bytes < nbytes or w.sync_mode != sync:
         if w is not None:
             w.local.Barrier()  # every rank has copied its last result out of the old window
             w.free()
         grow = 0 if w is None else 2 * w.slot_bytes  # geometric growth: few re-allocations
         slot = min(max(nbytes, grow, 64 << 10), MAX_WINDOW_BYTES // 2)
         slot = -(-slot // 4096) * 4096
-        w = ShmWindow(info.local, slot)
+        w = ShmWindow(info.local, slot, sync)
         st.extra["shm"] = w
     return w
 
@@ -149,7 +184,7 @@ def chunk_elems(n: int, itemsize: int, chunk_bytes: int) -> int:
     return max(1, min(n, min(chunk_bytes, MAX_WINDOW_BYTES // 2) // itemsize))
 
 
-def pipeline(st, info, buf, red, src, chunk_bytes, between=None) -> None:
+def pipeline(st, info, buf, red, src, chunk_bytes, between=None, sync=None) -> None:
     """Steps 1-5 above over the whole message, in place on ``buf``."""
     n = buf.size
     if n == 0:
@@ -157,7 +192,7 @@ def pipeline(st, info, buf, red, src, chunk_bytes, between=None) -> None:
     k, me = info.local_size, info.local_rank
     dtype, size = buf.dtype, buf.itemsize
     cap = chunk_elems(n, size, chunk_bytes)
-    w = window(st, info, cap * size)
+    w = window(st, info, cap * size, sync or SYNC)
     slots = [[w.slot(r, s).view(dtype) for r in range(k)] for s in (0, 1)]
     own = buf if src is None else src
     for c0 in range(0, n, cap):
@@ -184,10 +219,10 @@ def _slice(m: int, k: int, r: int):
 
 
 @register("allreduce", "shm")
-def allreduce(st, buf, red, *, src=None, chunk_bytes=CHUNK_BYTES):
+def allreduce(st, buf, red, *, src=None, chunk_bytes=CHUNK_BYTES, sync=None):
     info = node_info(st)
     if info.nodes > 1:
         from . import hierarchical
 
-        return hierarchical.allreduce(st, buf, red, src=src, chunk_bytes=chunk_bytes)
-    pipeline(st, info, buf, red, src, chunk_bytes)
+        return hierarchical.allreduce(st, buf, red, src=src, chunk_bytes=chunk_bytes, sync=sync)
+    pipeline(st, info, buf, red, src, chunk_bytes, sync=sync)
