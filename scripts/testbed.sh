@@ -3,10 +3,11 @@
 # joined by veth links to a bridge, each with its own hostname, and MPICH's
 # hydra launches ranks across them.
 #
-#   scripts/testbed.sh [--hosts N] [--ppn K] [--delay 1ms] [--rate 1gbit] [--mpiexec PATH] -- PROGRAM [ARGS...]
+#   scripts/testbed.sh [--hosts N] [--ppn K|K1,K2,..] [--delay 1ms] [--rate 1gbit] [--mpiexec PATH] -- PROGRAM [ARGS...]
 #
 # runs `mpiexec -launcher ssh -launcher-exec scripts/testbed-launch.sh
-# -hosts h1:K,...,hN:K -n N*K PROGRAM ARGS` from inside host h1 and removes
+# -hosts h1:K,...,hN:K -n N*K PROGRAM ARGS` from inside host h1 (--ppn 2,1:
+# 2 ranks on h1, 1 on h2, the last count repeating) and removes
 # everything it made on exit (namespaces, links, /etc/netns entries), also
 # on failure or Ctrl-C. Exit status: the program's, or 77 when network
 # namespaces cannot be made here (not root, no `ip netns`, no unshare):
@@ -17,7 +18,8 @@
 #   namespace mctb<PID>-hI    host hI: lo, and "tb0" = 10.77.0.I/24, a veth
 #                             whose other end is a port of br0; with
 #                             --delay/--rate, a netem qdisc on tb0 shapes
-#                             every packet the host sends
+#                             every packet the host sends (where the kernel
+#                             has no netem: tbf for --rate, and no delay)
 #   /etc/netns/mctb<PID>-hI/hosts   h1..hN -> 10.77.0.1..N (`ip netns exec`
 #                             bind-mounts it over /etc/hosts, so hydra and
 #                             MPI resolve the host names to the veth addresses)
@@ -69,6 +71,7 @@ hostsfile="127.0.0.1 localhost"
 for i in $(seq 1 "$HOSTS"); do hostsfile="$hostsfile
 10.77.0.$i h$i"; done
 hostlist=
+nranks=0
 for i in $(seq 1 "$HOSTS"); do
     ns=$P-h$i
     ip netns add "$ns"
@@ -84,10 +87,18 @@ for i in $(seq 1 "$HOSTS"); do
     ip -n "$SW" link set "$P-b$i" master br0 up
     if [ -n "$DELAY$RATE" ]; then
         # limit: netem's queue (packets); the default 1000 drops at high rates x delays
-        ip netns exec "$ns" tc qdisc add dev tb0 root netem limit 100000 \
-            ${DELAY:+delay $DELAY} ${RATE:+rate $RATE}
+        if ! ip netns exec "$ns" tc qdisc add dev tb0 root netem limit 100000 \
+                ${DELAY:+delay $DELAY} ${RATE:+rate $RATE} 2>/dev/null; then
+            # Kernels without sch_netem (e.g. minimal VM kernels): a token
+            # bucket still shapes the rate; a delay cannot be emulated.
+            [ -z "$DELAY" ] || echo "testbed.sh: no netem qdisc in this kernel: --delay $DELAY ignored" >&2
+            [ -z "$RATE" ] || ip netns exec "$ns" tc qdisc add dev tb0 root tbf rate "$RATE" burst 256kb latency 100ms
+        fi
     fi
-    hostlist="$hostlist${hostlist:+,}h$i:$PPN"
+    k=$(echo "$PPN" | cut -d, -f"$i")
+    [ -n "$k" ] || k=$(echo "$PPN" | awk -F, '{print $NF}')
+    hostlist="$hostlist${hostlist:+,}h$i:$k"
+    nranks=$((nranks + k))
 done
 
 export MPICOLL_TB_PREFIX=$P
@@ -98,5 +109,5 @@ esac
 status=0
 ip netns exec "$P-h1" unshare --uts sh -c 'hostname h1 && exec "$@"' sh \
     "$MPIEXEC" -launcher ssh -launcher-exec "$HERE/testbed-launch.sh" -hosts "$hostlist" \
-    -n $((HOSTS * PPN)) "$@" || status=$?
+    -n "$nranks" "$@" || status=$?
 exit $status
