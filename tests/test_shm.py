@@ -118,7 +118,7 @@ def test_window_reuse_growth_and_free():
     assert grown is not w and grown.slot_bytes >= big.nbytes
     assert w.win == MPI.WIN_NULL, "the old window is freed when it grows"
     # Long messages are chunked: the window never exceeds the per-rank bound.
-    assert shm.chunk_elems(1 << 40, 4, shm.CHUNK_BYTES) * 4 * 2 <= shm.MAX_WINDOW_BYTES
+    assert shm.chunk_elems(1 << 40, 4, 1 << 40) * 4 * 2 <= shm.MAX_WINDOW_BYTES - (64 << 10)
     comm.Free()
     assert grown.win == MPI.WIN_NULL, "freeing the communicator frees the window"
 
@@ -132,3 +132,20 @@ def test_one_node_shm_is_in_rank_order():
     inputs = [np.random.default_rng(7 + r).standard_normal(4099).astype(np.float32) * (r + 1) for r in range(p)]
     got = mpicoll.allreduce(inputs[rank], comm=comm, algorithm="shm")
     assert got.tobytes() == reference(inputs, "sum", p).tobytes()
+
+
+@pytest.mark.parametrize("sync", ["flags", "barrier"])
+def test_both_sync_modes(sync):
+    comm = MPI.COMM_WORLD
+    st = state(comm)
+    p, rank = comm.size, comm.rank
+    red = Reduction(ops.resolve("sum"), dtypes.BY_NAME["int32"])
+    inputs = [exact_values("int32", "sum", 20001, 60 + r) for r in range(p)]
+    for chunk in (4096, 1 << 20):
+        buf = np.empty_like(inputs[rank])
+        shm.allreduce(st, buf, red, src=inputs[rank], chunk_bytes=chunk, sync=sync)
+        np.testing.assert_array_equal(buf, reference(inputs, "sum", p))
+    w = st.extra["shm" if sync == shm.SYNC else f"shm-{sync}"]
+    assert w.sync_mode == sync
+    # the header, two slots, never more than the bound
+    assert w.header + 2 * w.slot_bytes <= shm.MAX_WINDOW_BYTES

@@ -18,9 +18,10 @@ Description:  Runs the ``shm`` pipeline (see shm.py) chunk by chunk; between
                   then every rank copies s0 s1 from its node's window
 
               Different rank counts per node (the slower path): after the
-              node's reduce-scatter a barrier, then local rank 0 of each node
+              node's reduce-scatter a sync, then local rank 0 of each node
+              gathers the node's reduced slices into one scratch piece,
               all-reduces the whole chunk with the other nodes' local rank 0
-              while the node's other ranks wait.
+              while the node's other ranks wait, and puts the slices back.
 
               The inter-node all-reduce is mpicoll's own choice for the cross
               communicator (``select.allreduce`` with one rank per node:
@@ -44,6 +45,7 @@ from __future__ import annotations
 
 from . import get as _get
 from . import register, shm
+from .common import scratch_like
 from .. import select
 from ..node import node_info
 
@@ -66,13 +68,23 @@ def allreduce(st, buf, red, *, src=None, chunk_bytes=shm.CHUNK_BYTES, sync=None)
     if info.nodes == 1:
         return shm.pipeline(st, info, buf, red, src, chunk_bytes, sync=sync)
 
+    me = info.local_rank
     if info.uniform:
-        def between(w, chunk, a, b):
-            _cross_allreduce(info, chunk[a:b], red)
+        def between(w, peers, bounds):
+            a, b = bounds[me]
+            _cross_allreduce(info, peers[me][a:b], red)
     else:
-        def between(w, chunk, a, b):
+        def between(w, peers, bounds):
             w.sync()  # the whole chunk is reduced on this node
-            if info.local_rank == 0:
-                _cross_allreduce(info, chunk, red)
+            if me == 0:
+                # Other nodes cut the chunk into other slices: gather this
+                # node's slices into one piece, all-reduce it, put it back.
+                m = bounds[-1][1]
+                tmp = scratch_like(st, "hierarchical", m, buf.dtype)
+                for q, (qa, qb) in enumerate(bounds):
+                    tmp[qa:qb] = peers[q][qa:qb]
+                _cross_allreduce(info, tmp, red)
+                for q, (qa, qb) in enumerate(bounds):
+                    peers[q][qa:qb] = tmp[qa:qb]
 
     shm.pipeline(st, info, buf, red, src, chunk_bytes, between, sync=sync)

@@ -14,36 +14,41 @@ Description:  The node's k ranks share one MPI-3 shared-memory window
               message size). For each chunk, in slot s (alternating from
               chunk to chunk, and across calls):
 
-                1. copy in:   rank r copies its chunk of the input into W[r][s]
+                1. copy in:   rank r copies its chunk of the input into W[r][s],
+                              except slice r (below), which no one else reads
                 2. sync
                 3. reduce:    rank r owns slice r of the chunk (array_split
                               into k slices) and computes, with the k-input
                               C kernel in one pass over memory and in rank
-                              order,
-                                W[0][s][slice r] = ((W[0] op W[1]) op W[2]) ... W[k-1]
-                              (the only write into a peer's memory: slice r
-                              of W[0] is read by rank r alone in step 3)
-                3b. between:  optional hook on the reduced slice (the
-                              hierarchical algorithm all-reduces it across nodes)
+                              order, its own part read from its private input,
+                                W[r][s][slice r] = ((x0 op x1) op x2) ... x(k-1)
+                              where xq is W[q][s][slice r] (q != r), or this
+                              rank's input (q = r)
+                3b. between:  optional hook on the reduced slices (the
+                              hierarchical algorithm all-reduces them across
+                              nodes)
                 4. sync
-                5. copy out:  every rank copies W[0][s] (the reduced chunk)
-                              into its output
+                5. copy out:  every rank copies slice q of its result from
+                              W[q][s][slice q], for every q
 
               Two slots make a third sync per chunk unnecessary: the copy-in
               of chunk c+1 writes the other slot, and the copy-in of chunk
               c+2 into slot s happens after the step-2 sync of chunk c+1,
               which no rank reaches before finishing step 5 of chunk c.
 
-              Synchronisation is ``MPI_Barrier`` on the node communicator
-              (with ``MPI_Win_sync`` on each side, the MPI-3 memory-model
-              idiom for shared windows). Flags in the window, spun on from
-              Python, were not an option on an oversubscribed node: a
-              spinning rank takes the core from the peer it waits for;
-              MPICH's barrier already polls shared memory and yields.
-Cost:         Per rank and per byte of message: one copy in, 1/k of a
-              k-input reduction (reads k/k = 1 byte), one copy out: about
-              3 bytes read and 2 written, with no network message and no
-              temporaries; 2 barriers per chunk. MPI_Allreduce through
+              Synchronisation (``sync=``): "flags" (default), one int64
+              counter per rank in the window: a rank stores the sync's
+              number with a release store and waits, in C, until every
+              counter has reached it, spinning briefly and then yielding
+              the core at each poll (the peer it waits for may need that
+              core: 4-8 ranks share 2 cores in the tests). "barrier":
+              MPI_Win_sync, MPI_Barrier on the node communicator,
+              MPI_Win_sync (the MPI-3 idiom). Measured on the 2-core machine
+              at p=2 and 4, 1-64 MiB: flags 1.1-1.7x faster.
+Cost:         Per rank and per byte of message: (k-1)/k of a copy in, 1/k
+              of a k-input reduction (reads k/k = 1 byte), one copy out:
+              about (3k-1)/k bytes read and 2 written, with no network
+              message and no temporaries; 2 syncs per chunk. MPI_Allreduce through
               MPICH's shared-memory transport moves every byte through
               bounce buffers several times and reduces pairwise.
 Limitations:  One node only. On a communicator that spans several nodes
@@ -67,14 +72,19 @@ from . import register
 from .._kernels import ffi, lib
 from ..node import node_info
 
-# 8 MiB chunks: measured on a 2-core EPYC (32 MiB L3) with the MPICH wheel,
-# 1-16 MiB chunks are within noise for long messages; 8 MiB keeps the window
-# at 16 MiB per rank (2 slots) and the barrier count low.
-CHUNK_BYTES = 8 << 20
-# "flags" (counters in the window, csrc/shmsync.c) or "barrier" (MPI_Barrier).
-SYNC = "flags"
-# Issue bound: never more than this per rank in the window.
+# Issue bound: never more than this per rank in the window (header included).
 MAX_WINDOW_BYTES = 32 << 20
+# Largest slot: two slots and a header of up to 64 KiB (flags for 512 ranks).
+MAX_SLOT_BYTES = (MAX_WINDOW_BYTES - (64 << 10)) // 2
+# Chunk size: measured with /tmp-style sweeps of 1, 4 and 16 MiB chunks
+# (numbers in docs/algorithms.md) on the shared 2-core machine, the largest
+# chunk was fastest at every size: each sync can cost a scheduler time slice
+# when other processes load the cores, so fewer syncs win over keeping a
+# chunk in the 32 MiB L3. Keyword ``chunk_bytes`` to override.
+CHUNK_BYTES = MAX_SLOT_BYTES
+# "flags" (counters in the window, csrc/shmsync.c) or "barrier" (MPI_Barrier):
+# flags measured 1.1-1.7x faster at p=2 and p=4 (waiting ranks yield the core).
+SYNC = "flags"
 
 # Windows to free at exit, before MPI_Finalize, keyed by creation number:
 # creation is collective, so every rank frees its windows in the same order.
@@ -167,21 +177,22 @@ def _free_all_at_exit():
 
 def window(st, info, nbytes: int, sync: str = "flags") -> ShmWindow:
     """The communicator's window, with slots of at least ``nbytes`` (grown if needed)."""
-    w = st.extra.get("shm")
-    if w is None or w.slot_bytes < nbytes or w.sync_mode != sync:
+    key = "shm" if sync == SYNC else f"shm-{sync}"  # one window per sync mode (benchmarks compare them)
+    w = st.extra.get(key)
+    if w is None or w.slot_bytes < nbytes:
         if w is not None:
             w.local.Barrier()  # every rank has copied its last result out of the old window
             w.free()
         grow = 0 if w is None else 2 * w.slot_bytes  # geometric growth: few re-allocations
-        slot = min(max(nbytes, grow, 64 << 10), MAX_WINDOW_BYTES // 2)
-        slot = -(-slot // 4096) * 4096
+        slot = min(max(nbytes, grow, 64 << 10), MAX_SLOT_BYTES)
+        slot = -(-slot // 4096) * 4096  # MAX_SLOT_BYTES is a multiple of 4096 too
         w = ShmWindow(info.local, slot, sync)
-        st.extra["shm"] = w
+        st.extra[key] = w
     return w
 
 
 def chunk_elems(n: int, itemsize: int, chunk_bytes: int) -> int:
-    return max(1, min(n, min(chunk_bytes, MAX_WINDOW_BYTES // 2) // itemsize))
+    return max(1, min(n, min(chunk_bytes, MAX_SLOT_BYTES) // itemsize))
 
 
 def pipeline(st, info, buf, red, src, chunk_bytes, between=None, sync=None) -> None:
@@ -195,20 +206,28 @@ def pipeline(st, info, buf, red, src, chunk_bytes, between=None, sync=None) -> N
     w = window(st, info, cap * size, sync or SYNC)
     slots = [[w.slot(r, s).view(dtype) for r in range(k)] for s in (0, 1)]
     own = buf if src is None else src
+    bounds = [_slice(min(cap, n), k, q) for q in range(k)]
     for c0 in range(0, n, cap):
         m = min(cap, n - c0)
+        if m != cap:
+            bounds = [_slice(m, k, q) for q in range(k)]
+        a, b = bounds[me]
         # The slot alternates across calls too: the next call's first copy-in
         # must not land in the slot a slower rank is still copying out of.
         peers = slots[w.turn]
         w.turn ^= 1
-        peers[me][:m] = own[c0:c0 + m]
+        mine = peers[me]
+        mine[:a] = own[c0:c0 + a]  # my own slice stays private: only I read it
+        mine[b:m] = own[c0 + b:c0 + m]
         w.sync()
-        a, b = _slice(m, k, me)
-        red.combine_many(peers[0][a:b], [p[a:b] for p in peers])
+        srcs = [p[a:b] for p in peers]
+        srcs[me] = own[c0 + a:c0 + b]
+        red.combine_many(mine[a:b], srcs)  # rank order; the result replaces my (unused) slice
         if between is not None:
-            between(w, peers[0][:m], a, b)
+            between(w, peers, bounds)
         w.sync()
-        buf[c0:c0 + m] = peers[0][:m]
+        for q, (qa, qb) in enumerate(bounds):
+            buf[c0 + qa:c0 + qb] = peers[q][qa:qb]
 
 
 def _slice(m: int, k: int, r: int):
