@@ -76,8 +76,8 @@ from ..node import node_info
 MAX_WINDOW_BYTES = 32 << 20
 # Largest slot: two slots and a header of up to 64 KiB (flags for 512 ranks).
 MAX_SLOT_BYTES = (MAX_WINDOW_BYTES - (64 << 10)) // 2
-# Chunk size: measured with /tmp-style sweeps of 1, 4 and 16 MiB chunks
-# (numbers in docs/algorithms.md) on the shared 2-core machine, the largest
+# Chunk size: measured with sweeps of 1, 4 and 16 MiB chunks
+# (numbers in docs/shm.md) on the shared 2-core machine, the largest
 # chunk was fastest at every size: each sync can cost a scheduler time slice
 # when other processes load the cores, so fewer syncs win over keeping a
 # chunk in the 32 MiB L3. Keyword ``chunk_bytes`` to override.

@@ -1,6 +1,7 @@
 """Shared-memory / hierarchical all-reduce vs MPI_Allreduce, measured in one run.
 
     mpiexec -n 4 python -m mpi4py -m mpicoll.bench.shm [--sizes 1M,4M,16M] [--algorithms auto,shm]
+    ... --algorithms shm:flags:1M,shm:barrier:16M   # shm's sync mode and chunk size
 
 For each message size (float32 sum) and algorithm it prints the slowest
 rank's time per call (the best of ``--reps`` calls, interleaved with the
@@ -29,7 +30,10 @@ import numpy as np
 from mpi4py import MPI
 
 import mpicoll
+from mpicoll import dtypes, ops
+from mpicoll.algorithms import shm
 from mpicoll.comm import state
+from mpicoll.kernels import Reduction
 from mpicoll.node import node_info
 
 
@@ -84,7 +88,9 @@ def main():
     args = ap.parse_args()
     comm = MPI.COMM_WORLD
     rank, p = comm.rank, comm.size
-    info = node_info(state(comm))
+    st = state(comm)
+    info = node_info(st)
+    red = Reduction(ops.resolve("sum"), dtypes.BY_NAME["float32"])
     if rank == 0:
         print(f"# mpicoll.bench.shm: p={p}, {info.nodes} node(s) of up to {info.ranks_per_node} ranks, "
               f"{MPI.Get_library_version().splitlines()[0].strip()}")
@@ -98,6 +104,11 @@ def main():
         reps = args.reps or max(8, min(60, (512 << 20) // max(nbytes, 1)))
         cands = {"copy": lambda: np.copyto(out, x), "MPI_Allreduce": lambda: comm.Allreduce(x, out, MPI.SUM)}
         for alg in args.algorithms.split(","):
+            if alg.startswith("shm:"):  # shm:SYNC:CHUNK, e.g. shm:barrier:4M (the knobs' sweep)
+                _, sync, chunk = alg.split(":")
+                cands[alg] = (lambda sy, cb: lambda: shm.allreduce(st, out, red, src=x, chunk_bytes=cb, sync=sy))(
+                    sync, parse_size(chunk))
+                continue
             label = alg if alg != "auto" else f"auto ({mpicoll.explain(x.nbytes, comm=comm).name})"
             cands[label] = (lambda a: lambda: mpicoll.allreduce(x, out=out, comm=comm, algorithm=a))(alg)
         res = measure(comm, cands, reps, info)
