@@ -66,7 +66,7 @@ bench-shm: $(STAMP)
 	@for n in 2 4; do timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n $(MPIRUN_PY) -m mpicoll.bench.shm --sizes $(BENCH_SHM_SIZES); done
 
 bench-testbed: $(STAMP)
-	timeout $(TEST_TIMEOUT) scripts/testbed.sh --hosts 2 --ppn 2 --delay 1ms --rate 1gbit -- \
+	timeout $(TEST_TIMEOUT) scripts/testbed.sh --hosts 2 --ppn 2 --rate 1gbit -- \
 	  $(abspath $(PY)) -m mpi4py -m mpicoll.bench.shm --sizes 256K,1M,4M,16M --algorithms auto,hierarchical,ring,rabenseifner
 
 test-testbed: $(STAMP)

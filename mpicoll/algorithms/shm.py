@@ -203,6 +203,7 @@ def pipeline(st, info, buf, red, src, chunk_bytes, between=None, sync=None) -> N
     k, me = info.local_size, info.local_rank
     dtype, size = buf.dtype, buf.itemsize
     cap = chunk_elems(n, size, chunk_bytes)
+    cap = -(-n // -(-n // cap))  # equal chunks: 16 MiB is one chunk, not 16 MiB - 32 KiB plus a sliver
     w = window(st, info, cap * size, sync or SYNC)
     slots = [[w.slot(r, s).view(dtype) for r in range(k)] for s in (0, 1)]
     own = buf if src is None else src
