@@ -85,3 +85,18 @@ bench-overlap: $(STAMP)
 
 example-dropin: $(STAMP)
 	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 4 $(MPIRUN_PY) examples/mpi4py_dropin.py
+
+# Shared-memory / hierarchical all-reduce (issue 4): benchmark on this node at
+# p=2 and 4, and on the namespace test bed (2 hosts x 2 ranks, 1 Gbit/s link;
+# needs root). Opt-in test of the test bed (~20 s).
+.PHONY: bench-shm bench-testbed test-testbed
+BENCH_SHM_SIZES ?= 64K,256K,1M,4M,16M,64M
+bench-shm: $(STAMP)
+	@for n in 2 4; do timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n $(MPIRUN_PY) -m mpicoll.bench.shm --sizes $(BENCH_SHM_SIZES); done
+
+bench-testbed: $(STAMP)
+	timeout $(TEST_TIMEOUT) scripts/testbed.sh --hosts 2 --ppn 2 --rate 1gbit -- \
+	  $(abspath $(PY)) -m mpi4py -m mpicoll.bench.shm --sizes 256K,1M,4M,16M --algorithms auto,hierarchical,ring,rabenseifner
+
+test-testbed: $(STAMP)
+	MPICOLL_TESTBED=1 $(PY) -m pytest -q tests/test_testbed.py

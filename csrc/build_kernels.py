@@ -14,7 +14,7 @@ import shlex
 from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCES = ["reduce.c", "cast.c", "compress.c"]
+SOURCES = ["reduce.c", "cast.c", "compress.c", "shmsync.c"]
 
 
 def _cdef_text():

@@ -61,6 +61,12 @@ void mpicoll_f16_to_f32(float *dst, const uint16_t *src, size_t n);
 void mpicoll_f32_to_bf16(uint16_t *dst, const float *src, size_t n);
 void mpicoll_bf16_to_f32(float *dst, const uint16_t *src, size_t n);
 
+/* Shared-memory sync flags (shmsync.c): set this rank's counter (release
+ * store); wait until each of k counters, stride bytes apart from base, is at
+ * least value (acquire loads; spin `spins` polls, then yield at each poll). */
+void mpicoll_flag_set(int64_t *flag, int64_t value);
+void mpicoll_flag_wait(const char *base, size_t stride, int k, int64_t value, int spins);
+
 /* The instruction set the run-time dispatch chose for 16-bit conversions:
  * "avx512f", "f16c" or "generic". */
 const char *mpicoll_isa(void);

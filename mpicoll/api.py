@@ -27,6 +27,7 @@ from . import ops as _ops
 from .algorithms.common import block_bounds, counts_to_bounds
 from .comm import check_intracomm, state
 from .kernels import Reduction
+from .node import node_info
 
 ENV_ALGORITHM = "MPICOLL_ALGORITHM"
 
@@ -47,8 +48,9 @@ def _reduction(op, dt) -> Reduction:
 
 
 @functools.lru_cache(maxsize=4096)
-def _choose_allreduce(p, nbytes, op, dtype, native_dtype):
-    return select.allreduce(p, nbytes, op, dtype, native_dtype=native_dtype).name
+def _choose_allreduce(p, nbytes, op, dtype, native_dtype, ranks_per_node=1, nodes=1):
+    return select.allreduce(p, nbytes, op, dtype, native_dtype=native_dtype,
+                            ranks_per_node=ranks_per_node, nodes=nodes).name
 
 # os.environ.get encodes the key and goes through two Python-level calls
 # (about 1 us); the encoded mapping behind it is kept in sync by os.environ
@@ -90,7 +92,8 @@ def _root(root, size: int) -> int:
     return int(root)
 
 
-def allreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", dtype=None, compression=None):
+def allreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", dtype=None, compression=None,
+              reproducible=False):
     """Reduce ``x`` element-wise across all ranks of ``comm``; every rank gets the result.
 
     Parameters
@@ -113,10 +116,18 @@ def allreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", dtype=None,
         "fp16", "bf16", "topk", or a ``mpicoll.HalfPrecision``/``mpicoll.TopK``:
         lossy wire compression for float32/float64 sums and averages (see
         mpicoll/compression.py).
+    reproducible : bool
+        If True, the result is bit-identical to the serial rank-ordered
+        reduction ((x0 op x1) op x2) ... whatever the process count, node
+        layout or ``algorithm`` (see algorithms/reproducible.py for the cost).
 
     Returns ``out`` (a new array of x's shape and dtype if ``out`` is None).
     """
+    if not isinstance(reproducible, bool):
+        raise TypeError(f"mpicoll: reproducible must be a bool, not {type(reproducible).__name__}")
     if compression is not None:
+        if reproducible:
+            raise ValueError("mpicoll: compression is lossy; it cannot be combined with reproducible=True")
         from . import compression as _compression
         return _compression.allreduce(x, op, comm=comm, out=out, compression=compression,
                                       algorithm=algorithm, dtype=dtype)
@@ -132,15 +143,24 @@ def allreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", dtype=None,
         src = None if buffers.same_memory(result, arr) else buffers.storage(arr, dt)
     flat = buffers.storage(result, dt)
     st = state(comm)
-    if st.size > 1:
+    if st.size > 1 and reproducible:
+        from .algorithms import reproducible as _rep
+        _rep.allreduce(st, flat, red, src=src)
+    elif st.size > 1:
         if name == "auto":
-            name = _choose_allreduce(st.size, flat.nbytes, red.op.name, dt.name, dt.mpi is not None)
+            name = _choose_allreduce(st.size, flat.nbytes, red.op.name, dt.name, dt.mpi is not None, *_layout(st))
         _alg.get("allreduce", name)(st, flat, red, src=src)
     elif src is not None:
         flat[...] = src
     if red.op.average:
         red.finish(flat, st.size)
     return result
+
+
+def _layout(st) -> tuple:
+    """(ranks_per_node, nodes) for select.allreduce (collective on a communicator's first call)."""
+    info = node_info(st)
+    return info.ranks_per_node, info.nodes
 
 
 def reduce_scatter(x, op="sum", *, comm=None, counts=None, out=None, algorithm="auto", dtype=None):
@@ -269,4 +289,10 @@ def explain(nbytes: int, *, comm=None, op="sum", dtype="float32") -> select.Choi
     forced = _forced_algorithm()
     if forced and forced != "auto" and _alg.has("allreduce", forced):
         return select.Choice(forced, f"forced by {ENV_ALGORITHM}")
-    return select.allreduce(comm.Get_size(), int(nbytes), o.name, dt.name, native_dtype=dt.mpi is not None)
+    # The node layout is known once the communicator has been used (finding
+    # it is collective, and explain is not); before that, one rank per node.
+    from . import comm as _comm
+    st = comm.Get_attr(_comm._keyval) if _comm._keyval is not None else None
+    rpn, nodes = _layout(st) if st is not None and "node" in st.extra else (1, 1)
+    return select.allreduce(comm.Get_size(), int(nbytes), o.name, dt.name, native_dtype=dt.mpi is not None,
+                            ranks_per_node=rpn, nodes=nodes)

@@ -67,6 +67,19 @@ class Reduction:
             lib.mpicoll_reduce(self._opcode, self._dtcode, ffi.from_buffer(dst, require_writable=True),
                                ffi.from_buffer(a), ffi.from_buffer(b), n)
 
+    def combine_many(self, dst: np.ndarray, srcs) -> None:
+        """``dst = ((srcs[0] OP srcs[1]) OP srcs[2]) ...`` in one pass (the
+        k-input C kernel); ``dst`` may be ``srcs[0]`` and no other source.
+        Hot path (shared-memory algorithms): lengths are checked, aliasing
+        is the caller's promise."""
+        n = dst.size
+        if any(s.size != n for s in srcs):
+            raise ValueError(f"mpicoll: combine_many of unequal lengths {n}, {[s.size for s in srcs]}")
+        if n:
+            ptrs = ffi.new("const void *[]", [ffi.from_buffer(s) for s in srcs])
+            _check(lib.mpicoll_reduce_many(self._opcode, self._dtcode, ffi.from_buffer(dst, require_writable=True),
+                                           ptrs, len(srcs), n))
+
     def finish(self, buf: np.ndarray, size: int) -> None:
         """Post-processing after the reduction: avg divides by ``size``."""
         if self.op.average and buf.size:

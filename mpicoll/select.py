@@ -29,10 +29,17 @@ class Choice(NamedTuple):
     reason: str
 
 
-def allreduce(p: int, nbytes: int, op: str, dtype: str, *, native_dtype: bool = True) -> Choice:
-    """The all-reduce algorithm for ``p`` ranks and an ``nbytes`` message."""
+def allreduce(p: int, nbytes: int, op: str, dtype: str, *, native_dtype: bool = True,
+              ranks_per_node: int = 1, nodes: int = 1) -> Choice:
+    """The all-reduce algorithm for ``p`` ranks and an ``nbytes`` message.
+
+    ``ranks_per_node`` (the largest node) and ``nodes`` describe the layout
+    (``mpicoll.node``); the defaults mean "one rank per node"."""
     if p == 1:
         return Choice("mpi", "one rank: nothing to exchange")
+    shared = _shared_memory_rule(nbytes, ranks_per_node, nodes)
+    if shared is not None:
+        return shared
     if native_dtype:
         if nbytes <= NATIVE_MAX_BYTES:
             return Choice("mpi", f"{dtype} is native to MPI and the message is at most "
@@ -55,3 +62,25 @@ def simple(collective: str, p: int, nbytes: int, *, native_dtype: bool = True) -
     if collective == "reduce_scatter":
         return Choice("ring", f"no native MPI reduction for this dtype: ring reduce-scatter")
     return Choice("tree", "no native MPI reduction for this dtype: binomial tree")
+
+
+# ---- shared memory (issue 4): shm on one node, hierarchical across nodes ----
+# Measured with `make bench-shm` / `make bench-testbed` (2-core machine,
+# MPICH wheel, float32 sum; docs/shm.md): shm beat MPI_Allreduce from 256 KiB
+# at p=2 and 4 on one node (64 KiB: 0.9x at p=2), the two-level algorithm
+# from 1 MiB on the namespace test bed (256 KiB: 0.9-1.0x).
+SHM_MIN_BYTES = 256 << 10
+HIERARCHICAL_MIN_BYTES = 1 << 20
+
+
+def _shared_memory_rule(nbytes: int, ranks_per_node: int, nodes: int):
+    if ranks_per_node < 2:
+        return None
+    if nodes == 1 and nbytes >= SHM_MIN_BYTES:
+        return Choice("shm", f"{ranks_per_node} ranks on one node and >= {SHM_MIN_BYTES} B: "
+                             "reduce through a shared-memory window, one pass per slice")
+    if nodes > 1 and nbytes >= HIERARCHICAL_MIN_BYTES:
+        return Choice("hierarchical", f"{nodes} nodes of up to {ranks_per_node} ranks and >= "
+                                      f"{HIERARCHICAL_MIN_BYTES} B: shared memory inside nodes, "
+                                      "one slice per rank across nodes")
+    return None

@@ -69,3 +69,4 @@ def has(collective: str, name: str) -> bool:
 
 # Importing the modules registers their algorithms.
 from . import mpi, rabenseifner, recursive_doubling, ring, tree  # noqa: E402,F401
+from . import hierarchical, shm  # noqa: E402,F401  (shared-memory and two-level all-reduce)

@@ -1,0 +1,90 @@
+"""Two-level all-reduce: shared memory inside each node, the network between nodes.
+
+Function:     allreduce(st, buf, red, *, src=None, chunk_bytes=shm.CHUNK_BYTES)
+Description:  Runs the ``shm`` pipeline (see shm.py) chunk by chunk; between
+              its intra-node reduce-scatter and its intra-node allgather,
+              the node-partial results are all-reduced across nodes:
+
+              Equal rank counts on every node (k ranks each): local rank j
+              of each node owns slice j of the chunk and all-reduces it with
+              local rank j of every other node, on the "cross" communicator
+              of local index j (node_info). All k ranks of a node use the
+              network at once, each for 1/k of the data.
+
+                  2 nodes x 2 ranks, one chunk = slices s0 s1
+                  node A: a0 reduces s0 of {a0,a1}   a1 reduces s1 of {a0,a1}
+                  node B: b0 reduces s0 of {b0,b1}   b1 reduces s1 of {b0,b1}
+                  cross:  a0 <-> b0 all-reduce s0    a1 <-> b1 all-reduce s1
+                  then every rank copies s0 s1 from its node's window
+
+              Different rank counts per node (the slower path): after the
+              node's reduce-scatter a sync, then local rank 0 of each node
+              gathers the node's reduced slices into one scratch piece,
+              all-reduces the whole chunk with the other nodes' local rank 0
+              while the node's other ranks wait, and puts the slices back.
+
+              The inter-node all-reduce is mpicoll's own choice for the cross
+              communicator (``select.allreduce`` with one rank per node:
+              native MPI_Allreduce for MPI dtypes, ring/Rabenseifner/recursive
+              doubling for float16/bfloat16), run in place on the window.
+Cost:         Intra-node as in shm.py (no network). Across nodes, per rank
+              and N nodes, the cross all-reduce of n/k bytes: with a ring,
+              2 (N-1)/N * n/k bytes sent by each rank, versus 2 (p-1)/p * n
+              for a flat ring's ranks on a host boundary. Uneven nodes: only
+              the leaders send, 2 (N-1)/N * n each.
+Limitations:  The order of the floating-point operations is node-partial
+              sums first (rank order inside a node), then whatever the
+              cross algorithm does: bit-identical on every rank (each
+              element is computed once per node from the same operands by
+              an algorithm that gives identical bits on every rank), but not
+              equal to the serial rank-ordered sum; use
+              ``allreduce(..., reproducible=True)`` for that. On one node it
+              is exactly ``shm``.
+"""
+from __future__ import annotations
+
+from . import get as _get
+from . import register, shm
+from .common import scratch_like
+from .. import select
+from ..node import node_info
+
+
+def _cross_allreduce(info, view, red) -> None:
+    """All-reduce ``view`` in place among the ranks of this rank's cross communicator."""
+    cst = info.cross_state()
+    if cst.size == 1 or view.size == 0:
+        return
+    # One rank per node on the cross communicator: the select rule never
+    # picks shm/hierarchical there, so this cannot recurse.
+    name = select.allreduce(cst.size, view.nbytes, red.op.name, red.dtype.name,
+                            native_dtype=red.dtype.mpi is not None).name
+    _get("allreduce", name)(cst, view, red)
+
+
+@register("allreduce", "hierarchical")
+def allreduce(st, buf, red, *, src=None, chunk_bytes=shm.CHUNK_BYTES, sync=None):
+    info = node_info(st)
+    if info.nodes == 1:
+        return shm.pipeline(st, info, buf, red, src, chunk_bytes, sync=sync)
+
+    me = info.local_rank
+    if info.uniform:
+        def between(w, peers, bounds):
+            a, b = bounds[me]
+            _cross_allreduce(info, peers[me][a:b], red)
+    else:
+        def between(w, peers, bounds):
+            w.sync()  # the whole chunk is reduced on this node
+            if me == 0:
+                # Other nodes cut the chunk into other slices: gather this
+                # node's slices into one piece, all-reduce it, put it back.
+                m = bounds[-1][1]
+                tmp = scratch_like(st, "hierarchical", m, buf.dtype)
+                for q, (qa, qb) in enumerate(bounds):
+                    tmp[qa:qb] = peers[q][qa:qb]
+                _cross_allreduce(info, tmp, red)
+                for q, (qa, qb) in enumerate(bounds):
+                    peers[q][qa:qb] = tmp[qa:qb]
+
+    shm.pipeline(st, info, buf, red, src, chunk_bytes, between, sync=sync)

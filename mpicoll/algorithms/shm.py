@@ -1,0 +1,248 @@
+"""Shared-memory all-reduce: the ranks of a node read each other's data directly.
+
+Function:     allreduce(st, buf, red, *, src=None, chunk_bytes=CHUNK_BYTES)
+Description:  The node's k ranks share one MPI-3 shared-memory window
+              (``MPI_Win_allocate_shared``), allocated on first use, kept in
+              the communicator's state and reused; it grows (collectively,
+              all ranks see the same message size) when a longer message
+              needs bigger chunks, and is freed with the communicator or at
+              interpreter exit. Each rank's part of the window holds two
+              chunk slots (double buffering, below).
+
+              The message is processed in chunks of at most ``chunk_bytes``
+              (so the window stays at most 2 * chunk_bytes per rank for any
+              message size). For each chunk, in slot s (alternating from
+              chunk to chunk, and across calls):
+
+                1. copy in:   rank r copies its chunk of the input into W[r][s],
+                              except slice r (below), which no one else reads
+                2. sync
+                3. reduce:    rank r owns slice r of the chunk (array_split
+                              into k slices) and computes, with the k-input
+                              C kernel in one pass over memory and in rank
+                              order, its own part read from its private input,
+                                W[r][s][slice r] = ((x0 op x1) op x2) ... x(k-1)
+                              where xq is W[q][s][slice r] (q != r), or this
+                              rank's input (q = r)
+                3b. between:  optional hook on the reduced slices (the
+                              hierarchical algorithm all-reduces them across
+                              nodes)
+                4. sync
+                5. copy out:  every rank copies slice q of its result from
+                              W[q][s][slice q], for every q
+
+              Two slots make a third sync per chunk unnecessary: the copy-in
+              of chunk c+1 writes the other slot, and the copy-in of chunk
+              c+2 into slot s happens after the step-2 sync of chunk c+1,
+              which no rank reaches before finishing step 5 of chunk c.
+
+              Synchronisation (``sync=``): "flags" (default), one int64
+              counter per rank in the window: a rank stores the sync's
+              number with a release store and waits, in C, until every
+              counter has reached it, spinning briefly and then yielding
+              the core at each poll (the peer it waits for may need that
+              core: 4-8 ranks share 2 cores in the tests). "barrier":
+              MPI_Win_sync, MPI_Barrier on the node communicator,
+              MPI_Win_sync (the MPI-3 idiom). Measured on the 2-core machine
+              at p=2 and 4, 1-64 MiB: flags 1.1-1.7x faster.
+Cost:         Per rank and per byte of message: (k-1)/k of a copy in, 1/k
+              of a k-input reduction (reads k/k = 1 byte), one copy out:
+              about (3k-1)/k bytes read and 2 written, with no network
+              message and no temporaries; 2 syncs per chunk. MPI_Allreduce through
+              MPICH's shared-memory transport moves every byte through
+              bounce buffers several times and reduces pairwise.
+Limitations:  One node only. On a communicator that spans several nodes
+              ``shm`` runs the ``hierarchical`` algorithm (shared memory
+              inside each node, network between nodes). Every element is
+              reduced in rank order on one rank and copied to all, so the
+              result is bit-identical on every rank, and, on one node, also
+              identical to the serial rank-ordered reduction (reproducible).
+              Not thread-safe across concurrent calls on one communicator
+              (like all of mpicoll's blocking collectives).
+"""
+from __future__ import annotations
+
+import atexit
+import weakref
+
+import numpy as np
+from mpi4py import MPI
+
+from . import register
+from .._kernels import ffi, lib
+from ..node import node_info
+
+# Issue bound: never more than this per rank in the window (header included).
+MAX_WINDOW_BYTES = 32 << 20
+# Largest slot: two slots and a header of up to 64 KiB (flags for 512 ranks).
+MAX_SLOT_BYTES = (MAX_WINDOW_BYTES - (64 << 10)) // 2
+# Chunk size: measured with sweeps of 1, 4 and 16 MiB chunks
+# (numbers in docs/shm.md) on the shared 2-core machine, the largest
+# chunk was fastest at every size: each sync can cost a scheduler time slice
+# when other processes load the cores, so fewer syncs win over keeping a
+# chunk in the 32 MiB L3. Keyword ``chunk_bytes`` to override.
+CHUNK_BYTES = MAX_SLOT_BYTES
+# "flags" (counters in the window, csrc/shmsync.c) or "barrier" (MPI_Barrier):
+# flags measured 1.1-1.7x faster at p=2 and p=4 (waiting ranks yield the core).
+SYNC = "flags"
+
+# Windows to free at exit, before MPI_Finalize, keyed by creation number:
+# creation is collective, so every rank frees its windows in the same order.
+_live = weakref.WeakValueDictionary()
+_serial = 0
+
+
+# Sync flags: one int64 counter per rank, FLAG_STRIDE bytes apart (two cache
+# lines: no false sharing, even with adjacent-line prefetch), all in a header
+# at the start of rank 0's segment; every segment has a header of the same
+# size so that the slots are laid out alike.
+FLAG_STRIDE = 128
+# Polls before a waiting rank starts yielding its core (see csrc/shmsync.c).
+SPINS = 200
+
+
+class ShmWindow:
+    """One shared window on a node communicator: ``slot(r, s)`` is rank r's
+    slot s (2 slots per rank, ``slot_bytes`` each), as a uint8 array; a
+    header before the slots holds the sync flags."""
+
+    def __init__(self, local: MPI.Intracomm, slot_bytes: int, sync: str = "flags"):
+        if sync not in ("flags", "barrier"):
+            raise ValueError(f"mpicoll: shm sync must be 'flags' or 'barrier', not {sync!r}")
+        k = local.Get_size()
+        self.header = -(-k * FLAG_STRIDE // 4096) * 4096
+        self.slot_bytes = slot_bytes
+        # Page-aligned per-rank segments: each rank's memory is first touched
+        # (and so placed) by that rank, and no two ranks write one cache line.
+        info = MPI.Info.Create()
+        info.Set("alloc_shared_noncontig", "true")
+        self.win = MPI.Win.Allocate_shared(self.header + 2 * slot_bytes, 1, info, comm=local)
+        info.Free()
+        self.win.Lock_all(MPI.MODE_NOCHECK)  # one passive epoch for the window's lifetime
+        self._mem = []
+        for r in range(local.Get_size()):
+            mem, _ = self.win.Shared_query(r)
+            self._mem.append(np.frombuffer(mem, np.uint8))
+        self.local = local
+        self.turn = 0  # the slot the next chunk uses (same on every rank)
+        self.k, self.me = k, local.Get_rank()
+        self.sync_mode = sync
+        self.sync = self._flag_sync if sync == "flags" else self._barrier_sync
+        self.epoch = 0  # sync points passed (same on every rank); counters start at 0
+        flags = self._mem[0]
+        if self.me == 0:
+            flags[:self.header] = 0  # rank 0 clears the flags ...
+        self._flags = ffi.from_buffer(flags)
+        self._my_flag = ffi.cast("int64_t *", ffi.from_buffer(flags[self.me * FLAG_STRIDE:]))
+        self._barrier_sync()  # ... before anyone uses a flag
+        global _serial
+        _serial += 1
+        self._serial = _serial
+        _live[_serial] = self
+
+    def slot(self, r: int, s: int) -> np.ndarray:
+        start = self.header + s * self.slot_bytes
+        return self._mem[r][start:start + self.slot_bytes]
+
+    def _barrier_sync(self) -> None:
+        # MPI-3's idiom for shared windows: Win_sync, Barrier, Win_sync.
+        self.win.Sync()
+        self.local.Barrier()
+        self.win.Sync()
+
+    def _flag_sync(self) -> None:
+        self.epoch += 1
+        lib.mpicoll_flag_set(self._my_flag, self.epoch)
+        lib.mpicoll_flag_wait(self._flags, FLAG_STRIDE, self.k, self.epoch, SPINS)
+
+    def free(self) -> None:
+        self._mem = []  # no view or pointer may outlive the memory
+        self._flags = self._my_flag = None
+        if self.win != MPI.WIN_NULL and not MPI.Is_finalized():
+            self.win.Unlock_all()
+            self.win.Free()
+        _live.pop(self._serial, None)
+
+
+@atexit.register
+def _free_all_at_exit():
+    # Python's atexit handlers run before mpi4py's MPI_Finalize. Windows are
+    # freed in creation order, which is the same on every rank.
+    for key in sorted(_live.keys()):
+        w = _live.get(key)
+        if w is not None:
+            w.local.Barrier()  # every rank has copied its last result out of the old window
+            w.free()
+
+
+def window(st, info, nbytes: int, sync: str = "flags") -> ShmWindow:
+    """The communicator's window, with slots of at least ``nbytes`` (grown if needed)."""
+    key = "shm" if sync == SYNC else f"shm-{sync}"  # one window per sync mode (benchmarks compare them)
+    w = st.extra.get(key)
+    if w is None or w.slot_bytes < nbytes:
+        if w is not None:
+            w.local.Barrier()  # every rank has copied its last result out of the old window
+            w.free()
+        grow = 0 if w is None else 2 * w.slot_bytes  # geometric growth: few re-allocations
+        slot = min(max(nbytes, grow, 64 << 10), MAX_SLOT_BYTES)
+        slot = -(-slot // 4096) * 4096  # MAX_SLOT_BYTES is a multiple of 4096 too
+        w = ShmWindow(info.local, slot, sync)
+        st.extra[key] = w
+    return w
+
+
+def chunk_elems(n: int, itemsize: int, chunk_bytes: int) -> int:
+    return max(1, min(n, min(chunk_bytes, MAX_SLOT_BYTES) // itemsize))
+
+
+def pipeline(st, info, buf, red, src, chunk_bytes, between=None, sync=None) -> None:
+    """Steps 1-5 above over the whole message, in place on ``buf``."""
+    n = buf.size
+    if n == 0:
+        return
+    k, me = info.local_size, info.local_rank
+    dtype, size = buf.dtype, buf.itemsize
+    cap = chunk_elems(n, size, chunk_bytes)
+    cap = -(-n // -(-n // cap))  # equal chunks: 16 MiB is one chunk, not 16 MiB - 32 KiB plus a sliver
+    w = window(st, info, cap * size, sync or SYNC)
+    slots = [[w.slot(r, s).view(dtype) for r in range(k)] for s in (0, 1)]
+    own = buf if src is None else src
+    bounds = [_slice(min(cap, n), k, q) for q in range(k)]
+    for c0 in range(0, n, cap):
+        m = min(cap, n - c0)
+        if m != cap:
+            bounds = [_slice(m, k, q) for q in range(k)]
+        a, b = bounds[me]
+        # The slot alternates across calls too: the next call's first copy-in
+        # must not land in the slot a slower rank is still copying out of.
+        peers = slots[w.turn]
+        w.turn ^= 1
+        mine = peers[me]
+        mine[:a] = own[c0:c0 + a]  # my own slice stays private: only I read it
+        mine[b:m] = own[c0 + b:c0 + m]
+        w.sync()
+        srcs = [p[a:b] for p in peers]
+        srcs[me] = own[c0 + a:c0 + b]
+        red.combine_many(mine[a:b], srcs)  # rank order; the result replaces my (unused) slice
+        if between is not None:
+            between(w, peers, bounds)
+        w.sync()
+        for q, (qa, qb) in enumerate(bounds):
+            buf[c0 + qa:c0 + qb] = peers[q][qa:qb]
+
+
+def _slice(m: int, k: int, r: int):
+    """Rank r's slice of an m-element chunk, np.array_split's convention."""
+    q, rem = divmod(m, k)
+    a = r * q + min(r, rem)
+    return a, a + q + (1 if r < rem else 0)
+
+
+@register("allreduce", "shm")
+def allreduce(st, buf, red, *, src=None, chunk_bytes=CHUNK_BYTES, sync=None):
+    info = node_info(st)
+    if info.nodes > 1:
+        from . import hierarchical
+
+        return hierarchical.allreduce(st, buf, red, src=src, chunk_bytes=chunk_bytes, sync=sync)
+    pipeline(st, info, buf, red, src, chunk_bytes, sync=sync)

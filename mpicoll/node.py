@@ -1,0 +1,83 @@
+"""Node discovery: which ranks of a communicator share a node's memory.
+
+``node_info(st)`` splits mpicoll's private duplicate with
+``MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)`` once and caches the result in
+``st.extra["node"]`` (freed with the communicator, like every other piece
+of per-communicator state). It is a collective call on first use; every
+later call is a dictionary look-up.
+
+What it records:
+
+* ``local``: the ranks on this node, ordered by their rank in ``st.comm``
+  (so "lower local rank" still means "lower rank" when reducing);
+* ``cross``: the ranks of every node that have this rank's local index
+  (local rank j of each node), ordered by node; with equal rank counts per
+  node there are ``local_size`` of them, so every rank of a node talks to
+  the network at once;
+* ``nodes``, ``ranks_per_node`` (the largest node) and ``uniform`` (every
+  node has the same number of ranks), identical on every rank, so that
+  ``select.allreduce`` can use them and still pick the same algorithm
+  everywhere;
+* ``node_ranks``: for every node (ordered by its lowest rank), the
+  ``st.comm`` ranks on it; ``contiguous`` says whether each node holds a
+  consecutive range of ranks (what the reproducible path needs to reduce a
+  node's ranks first and still keep global rank order).
+"""
+from __future__ import annotations
+
+import os
+
+from mpi4py import MPI
+
+from .comm import state as _state
+
+# Emulation for tests on one machine: "nodes" of this many consecutive ranks
+# (MPI_Comm_split instead of MPI_Comm_split_type; the shared-memory window
+# still works because all ranks really share the machine's memory). Read
+# when a communicator's layout is first needed. Real multi-host runs use
+# scripts/testbed.sh instead.
+ENV_FAKE_NODE_SIZE = "MPICOLL_FAKE_NODE_SIZE"
+
+
+class NodeInfo:
+    def __init__(self, comm: MPI.Intracomm):
+        rank = comm.Get_rank()
+        fake = os.environ.get(ENV_FAKE_NODE_SIZE)
+        if fake:
+            self.local = comm.Split(rank // max(1, int(fake)), key=rank)
+        else:
+            self.local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+        self.local_rank = self.local.Get_rank()
+        self.local_size = self.local.Get_size()
+        # Every rank learns every rank's (lowest rank on its node): one small
+        # allgather, after which all node facts are computed identically.
+        leader_of = comm.allgather(self.local.allreduce(rank, op=MPI.MIN))
+        leaders = sorted(set(leader_of))
+        self.node = leaders.index(leader_of[rank])
+        self.nodes = len(leaders)
+        self.node_ranks = [[r for r in range(len(leader_of)) if leader_of[r] == ld] for ld in leaders]
+        sizes = [len(rs) for rs in self.node_ranks]
+        self.ranks_per_node = max(sizes)
+        self.uniform = min(sizes) == self.ranks_per_node
+        self.contiguous = all(rs == list(range(rs[0], rs[0] + len(rs))) for rs in self.node_ranks)
+        self.cross = comm.Split(self.local_rank, self.node)
+
+    def cross_state(self):
+        """mpicoll's cached state on the cross communicator (inter-node algorithms run there)."""
+        return _state(self.cross)
+
+    def free(self) -> None:
+        if MPI.Is_finalized():
+            return
+        for c in (self.cross, self.local):
+            if c != MPI.COMM_NULL:
+                c.Free()
+
+
+def node_info(st) -> NodeInfo:
+    """The communicator's node layout (collective on first call, cached)."""
+    info = st.extra.get("node")
+    if info is None:
+        info = NodeInfo(st.comm)
+        st.extra["node"] = info
+    return info

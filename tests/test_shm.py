@@ -1,0 +1,151 @@
+"""Shared-memory and hierarchical all-reduce: emulated multi-node layouts,
+reproducible=True, and the window's life cycle. Run under mpiexec.
+
+Multi-node layouts are emulated on one machine with MPICOLL_FAKE_NODE_SIZE
+(nodes of that many consecutive ranks); tests/test_testbed.py runs the same
+code across real network namespaces."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpicoll
+from conftest import exact_values, np_dtype, reference
+from mpicoll import dtypes, ops
+from mpicoll.algorithms import get, shm
+from mpicoll.comm import state
+from mpicoll.kernels import Reduction
+from mpicoll.node import ENV_FAKE_NODE_SIZE, node_info
+
+pytestmark = pytest.mark.mpi
+
+ALGORITHMS = mpicoll.algorithms("allreduce")
+
+
+def identical_everywhere(comm, arr):
+    digests = comm.allgather(arr.tobytes())
+    return all(d == digests[0] for d in digests)
+
+
+@pytest.fixture(params=[1, 2, 3], ids=lambda k: f"node{k}")
+def fake_comm(request, monkeypatch):
+    """A fresh communicator whose "nodes" hold ``k`` consecutive ranks."""
+    monkeypatch.setenv(ENV_FAKE_NODE_SIZE, str(request.param))
+    comm = MPI.COMM_WORLD.Dup()
+    yield comm
+    comm.Free()
+
+
+def test_fake_layout_is_seen(fake_comm):
+    info = node_info(state(fake_comm))
+    k, p = int(os.environ[ENV_FAKE_NODE_SIZE]), fake_comm.size
+    assert info.nodes == -(-p // k)
+    assert info.local_size == min(k, p - (fake_comm.rank // k) * k)
+    assert info.uniform == (p % k == 0 or p < k)
+    assert info.node_ranks[info.node] == list(range(info.node * k, min(p, info.node * k + k)))
+
+
+@pytest.mark.parametrize("algorithm", ["shm", "hierarchical"])
+def test_multinode_layouts(fake_comm, algorithm):
+    comm = fake_comm
+    p, rank = comm.size, comm.rank
+    for name, op in (("float32", "sum"), ("float16", "sum"), ("int32", "prod"), ("float64", "max")):
+        for n in ((0, 1, p + 1, 1000, 70001) if name == "float32" else (p + 1, 1000)):
+            inputs = [exact_values(name, op, n, 500 + r) for r in range(p)]
+            want = reference(inputs, op, p)
+            for in_place in (False, True):
+                x = inputs[rank].copy()
+                got = mpicoll.allreduce(x, op=op, comm=comm, algorithm=algorithm, out=x if in_place else None)
+                np.testing.assert_array_equal(got.astype(np.float64), want.astype(np.float64),
+                                              err_msg=f"{algorithm} {op} {name} n={n}")
+                assert identical_everywhere(comm, got)
+    # several chunks per call, through the whole pipeline (small chunks)
+    st = state(comm)
+    x = exact_values("float32", "sum", 30001, 9 + rank)
+    want = reference([exact_values("float32", "sum", 30001, 9 + r) for r in range(p)], "sum", p)
+    buf = x.copy()
+    red = Reduction(ops.resolve("sum"), dtypes.BY_NAME["float32"])
+    get("allreduce", algorithm if algorithm != "auto" else "shm")(st, buf, red, chunk_bytes=4096)
+    np.testing.assert_array_equal(buf, want)
+
+
+@pytest.mark.parametrize("fake", [None, 1, 2, 3])
+@pytest.mark.parametrize("name", ["float32", "float64", "float16", "bfloat16"])
+def test_reproducible_matches_serial_order(monkeypatch, fake, name):
+    """Random floats (rounding depends on the order): reproducible=True gives
+    the serial rank-ordered bits, whatever algorithm is asked for."""
+    if fake is not None:
+        monkeypatch.setenv(ENV_FAKE_NODE_SIZE, str(fake))
+    comm = MPI.COMM_WORLD.Dup()
+    p, rank = comm.size, comm.rank
+    dt = np_dtype(name)
+    for n in (0, 3, 1001, 65537):
+        inputs = [(np.random.default_rng(40 + r).standard_normal(n) * 10.0 ** (r % 5)).astype(dt) for r in range(p)]
+        for op in ("sum", "prod", "avg"):
+            want = reference(inputs, op, p)
+            for algorithm in (ALGORITHMS if name == "float32" and op == "sum" else ["auto"]):
+                got = mpicoll.allreduce(inputs[rank], op=op, comm=comm, algorithm=algorithm, reproducible=True)
+                assert got.tobytes() == want.tobytes(), f"{algorithm} {op} n={n}"
+            out = inputs[rank].copy()
+            mpicoll.allreduce(out, op=op, comm=comm, out=out, reproducible=True)
+            assert out.tobytes() == want.tobytes()
+    comm.Free()
+
+
+def test_reproducible_bad_argument():
+    with pytest.raises(TypeError, match="reproducible"):
+        mpicoll.allreduce(np.ones(3), reproducible="yes")
+
+
+def test_window_reuse_growth_and_free():
+    if MPI.COMM_WORLD.size == 1:
+        pytest.skip("allreduce on one rank runs no algorithm")
+    comm = MPI.COMM_WORLD.Dup()
+    p = comm.size
+    x = np.ones(1000, np.float32)
+    assert (mpicoll.allreduce(x, comm=comm, algorithm="shm") == p).all()
+    st = state(comm)
+    w = st.extra["shm"]
+    first = w.slot_bytes
+    assert (mpicoll.allreduce(x[:10], comm=comm, algorithm="shm") == p).all()
+    assert st.extra["shm"] is w, "a smaller message reuses the window"
+    big = np.ones((first // 4) * 3, np.float32)
+    assert (mpicoll.allreduce(big, comm=comm, algorithm="shm") == p).all()
+    grown = st.extra["shm"]
+    assert grown is not w and grown.slot_bytes >= big.nbytes
+    assert w.win == MPI.WIN_NULL, "the old window is freed when it grows"
+    # Long messages are chunked: the window never exceeds the per-rank bound.
+    assert shm.chunk_elems(1 << 40, 4, 1 << 40) * 4 * 2 <= shm.MAX_WINDOW_BYTES - (64 << 10)
+    comm.Free()
+    assert grown.win == MPI.WIN_NULL, "freeing the communicator frees the window"
+
+
+def test_one_node_shm_is_in_rank_order():
+    """On one node shm itself reduces in rank order: no reproducible flag needed."""
+    comm = MPI.COMM_WORLD
+    if node_info(state(comm)).nodes != 1:
+        pytest.skip("needs one node")
+    p, rank = comm.size, comm.rank
+    inputs = [np.random.default_rng(7 + r).standard_normal(4099).astype(np.float32) * (r + 1) for r in range(p)]
+    got = mpicoll.allreduce(inputs[rank], comm=comm, algorithm="shm")
+    assert got.tobytes() == reference(inputs, "sum", p).tobytes()
+
+
+@pytest.mark.parametrize("sync", ["flags", "barrier"])
+def test_both_sync_modes(sync):
+    comm = MPI.COMM_WORLD
+    st = state(comm)
+    p, rank = comm.size, comm.rank
+    red = Reduction(ops.resolve("sum"), dtypes.BY_NAME["int32"])
+    inputs = [exact_values("int32", "sum", 20001, 60 + r) for r in range(p)]
+    for chunk in (4096, 1 << 20):
+        buf = np.empty_like(inputs[rank])
+        shm.allreduce(st, buf, red, src=inputs[rank], chunk_bytes=chunk, sync=sync)
+        np.testing.assert_array_equal(buf, reference(inputs, "sum", p))
+    w = st.extra["shm" if sync == shm.SYNC else f"shm-{sync}"]
+    assert w.sync_mode == sync
+    # the header, two slots, never more than the bound
+    assert w.header + 2 * w.slot_bytes <= shm.MAX_WINDOW_BYTES
