@@ -11,6 +11,7 @@ element-wise reductions in C kernels bound through cffi.
 """
 from . import algorithms as _algorithms
 from . import dtypes, kernels, ops  # noqa: F401  (mpicoll.ops.names(), mpicoll.dtypes.names())
+from .errors import MismatchError
 from .api import allgather, allreduce, bcast, explain, reduce, reduce_scatter
 
 __version__ = "0.1.0"
@@ -22,4 +23,4 @@ def algorithms(collective: str = "allreduce") -> list:
 
 
 __all__ = ["allreduce", "reduce_scatter", "allgather", "bcast", "reduce", "explain",
-           "algorithms", "__version__"]
+           "algorithms", "MismatchError", "__version__"]
