@@ -83,8 +83,14 @@ def reduce(st, buf, red, root, *, segment_bytes=SEGMENT_BYTES):
     if st.rank != root:
         send(st.comm, buf[a:b], root, TAG_REDUCE)
         return
-    reqs = [st.comm.Irecv([buf[a:b], BYTE], r, TAG_REDUCE) for r, (a, b) in enumerate(bounds) if r != root]
-    MPI.Request.Waitall(reqs)
+    peers = [(r, a, b) for r, (a, b) in enumerate(bounds) if r != root]
+    reqs = [st.comm.Irecv([buf[a:b], BYTE], r, TAG_REDUCE) for r, a, b in peers]
+    statuses = [MPI.Status() for _ in reqs]
+    MPI.Request.Waitall(reqs, statuses)
+    for (r, a, b), status in zip(peers, statuses):  # same size check as common.recv
+        got = status.Get_count(BYTE)
+        if got != (b - a) * buf.itemsize:
+            raise size_mismatch(st.comm, (b - a) * buf.itemsize, got, r, "ring reduce")
 
 
 @register("bcast", "ring")
