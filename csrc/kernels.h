@@ -42,7 +42,8 @@ enum mpicoll_status {
 
 /* dst[i] = a[i] OP b[i] for i < n.  dst may be the same pointer as a or b
  * (in-place use); partial overlap is not allowed.  For min/max, a NaN in
- * either operand gives NaN and ties pick a, exactly as numpy's
+ * either operand gives NaN and ties pick a (the sign of a -0.0/+0.0 tie is
+ * the one place numpy may differ: it leaves that unspecified), as numpy's
  * np.minimum(a, b)/np.maximum(a, b); integer sum and prod wrap. */
 int mpicoll_reduce(int op, int dtype, void *dst, const void *a, const void *b, size_t n);
 

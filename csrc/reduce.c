@@ -12,8 +12,10 @@
  *  - integer sum and prod wrap modulo 2^bits (computed in unsigned
  *    arithmetic, so there is no undefined signed overflow);
  *  - min/max on floats: NaN in either operand gives NaN (a's NaN if both),
- *    otherwise ties (including -0.0 vs +0.0) return a; this is
- *    np.minimum/np.maximum's rule;
+ *    otherwise ties (including -0.0 vs +0.0) return a. That is
+ *    np.minimum/np.maximum's NaN rule; for a -0.0/+0.0 tie numpy leaves the
+ *    sign unspecified (numpy 2.x returns b for float32/float64, a for
+ *    float16), so only the NaN rule and the values match numpy;
  *  - logical ops give 1 or 0 in the operand type, as MPI_LAND etc.;
  *  - float16 and bfloat16 widen to float32, apply the op, round back to
  *    nearest even: bit-identical to numpy's float16 arithmetic.

@@ -11,6 +11,7 @@ element-wise reductions in C kernels bound through cffi.
 """
 from . import algorithms as _algorithms
 from . import dtypes, kernels, ops  # noqa: F401  (mpicoll.ops.names(), mpicoll.dtypes.names())
+from .errors import MismatchError
 from .api import allgather, allreduce, bcast, explain, reduce, reduce_scatter
 from .dropin import Comm  # noqa: F401  (mpi4py drop-in: comm = mpicoll.Comm(MPI.COMM_WORLD))
 from .nonblocking import Request, iallreduce, waitall  # noqa: F401  (nonblocking all-reduce)
@@ -25,4 +26,4 @@ def algorithms(collective: str = "allreduce") -> list:
 
 
 __all__ = ["allreduce", "reduce_scatter", "allgather", "bcast", "reduce", "explain",
-           "algorithms", "__version__"]
+           "algorithms", "MismatchError", "__version__"]

@@ -23,6 +23,7 @@ import numpy as np
 
 from . import algorithms as _alg
 from . import buffers, select
+from . import check as _check
 from . import ops as _ops
 from .algorithms.common import block_bounds, counts_to_bounds
 from .comm import check_intracomm, state
@@ -93,7 +94,7 @@ def _root(root, size: int) -> int:
 
 
 def allreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", dtype=None, compression=None,
-              reproducible=False):
+              reproducible=False, check=None):
     """Reduce ``x`` element-wise across all ranks of ``comm``; every rank gets the result.
 
     Parameters
@@ -120,6 +121,10 @@ def allreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", dtype=None,
         If True, the result is bit-identical to the serial rank-ordered
         reduction ((x0 op x1) op x2) ... whatever the process count, node
         layout or ``algorithm`` (see algorithms/reproducible.py for the cost).
+    check : bool, optional
+        Pre-flight agreement: every rank raises the same ``MismatchError``
+        if the ranks' calls differ (default: env ``MPICOLL_CHECK``; see
+        ``mpicoll.check``). Must be the same on every rank.
 
     Returns ``out`` (a new array of x's shape and dtype if ``out`` is None).
     """
@@ -143,6 +148,7 @@ def allreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", dtype=None,
         src = None if buffers.same_memory(result, arr) else buffers.storage(arr, dt)
     flat = buffers.storage(result, dt)
     st = state(comm)
+    _check.preflight(st, "allreduce", check, count=arr.size, dtype=dt.name, op=red.op.name, algorithm=name)
     if st.size > 1 and reproducible:
         from .algorithms import reproducible as _rep
         _rep.allreduce(st, flat, red, src=src)
@@ -163,7 +169,8 @@ def _layout(st) -> tuple:
     return info.ranks_per_node, info.nodes
 
 
-def reduce_scatter(x, op="sum", *, comm=None, counts=None, out=None, algorithm="auto", dtype=None):
+def reduce_scatter(x, op="sum", *, comm=None, counts=None, out=None, algorithm="auto", dtype=None,
+                   check=None):
     """Reduce ``x`` across ranks and give rank i the i-th block of the result.
 
     ``x`` is taken flat. Blocks follow ``np.array_split(x.ravel(), p)``
@@ -187,6 +194,8 @@ def reduce_scatter(x, op="sum", *, comm=None, counts=None, out=None, algorithm="
     a, b = bounds[rank]
     result = buffers.output(out, (b - a,), arr.dtype)
     st = state(comm)
+    _check.preflight(st, "reduce_scatter", check, count=n, dtype=dt.name, op=red.op.name, algorithm=name,
+                     counts=counts)
     work = buffers.storage(arr, dt)
     if st.size > 1:
         # The algorithms reduce in place; never in the caller's input.
@@ -202,7 +211,7 @@ def reduce_scatter(x, op="sum", *, comm=None, counts=None, out=None, algorithm="
     return result
 
 
-def allgather(x, *, comm=None, out=None, algorithm="auto"):
+def allgather(x, *, comm=None, out=None, algorithm="auto", check=None):
     """Gather every rank's ``x`` (same shape and dtype everywhere) to every rank.
 
     Returns an array of shape ``(p,) + x.shape``: row i is rank i's ``x``.
@@ -218,6 +227,7 @@ def allgather(x, *, comm=None, out=None, algorithm="auto"):
     a, b = bounds[rank]
     flat[a:b] = buffers.as_bytes(arr)
     st = state(comm)
+    _check.preflight(st, "allgather", check, count=arr.size, dtype=(arr.dtype.str, arr.shape), algorithm=name)
     if st.size > 1:
         if name == "auto":
             name = select.simple("allgather", p, flat.nbytes).name
@@ -225,7 +235,7 @@ def allgather(x, *, comm=None, out=None, algorithm="auto"):
     return result
 
 
-def bcast(x, root=0, *, comm=None, algorithm="auto"):
+def bcast(x, root=0, *, comm=None, algorithm="auto", check=None):
     """Copy root's ``x`` into every rank's ``x`` (in place; same shape and dtype everywhere).
 
     ``x`` must be a writable, C-contiguous buffer. Returns ``x``.
@@ -239,6 +249,7 @@ def bcast(x, root=0, *, comm=None, algorithm="auto"):
     comm = check_intracomm(comm)
     root = _root(root, comm.Get_size())
     st = state(comm)
+    _check.preflight(st, "bcast", check, count=arr.size, dtype=arr.dtype.str, algorithm=name, root=root)
     if st.size > 1:
         if name == "auto":
             name = select.simple("bcast", st.size, arr.nbytes).name
@@ -246,7 +257,7 @@ def bcast(x, root=0, *, comm=None, algorithm="auto"):
     return x
 
 
-def reduce(x, op="sum", root=0, *, comm=None, out=None, algorithm="auto", dtype=None):
+def reduce(x, op="sum", root=0, *, comm=None, out=None, algorithm="auto", dtype=None, check=None):
     """Reduce ``x`` across ranks to ``root``.
 
     Returns the result (``out`` if given) on root and None elsewhere; ``out``
@@ -260,6 +271,8 @@ def reduce(x, op="sum", root=0, *, comm=None, out=None, algorithm="auto", dtype=
     is_root = comm.Get_rank() == root
     result = buffers.output(out, arr.shape, arr.dtype) if is_root else None
     st = state(comm)
+    _check.preflight(st, "reduce", check, count=arr.size, dtype=dt.name, op=red.op.name, algorithm=name,
+                     root=root)
     src = buffers.storage(arr, dt)
     if is_root:
         work = buffers.storage(result, dt)

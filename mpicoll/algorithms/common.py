@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
+from ..check import is_truncation, size_mismatch
+
 BYTE = MPI.BYTE
 
 # One tag per collective, on mpicoll's private duplicate communicator.
@@ -54,20 +56,28 @@ def recv(comm, buf: np.ndarray, source: int, tag: int) -> None:
     """Receive exactly ``buf.nbytes`` bytes; a shorter message is an error
     (MPI itself only catches longer ones)."""
     status = MPI.Status()
-    comm.Recv([buf, BYTE], source, tag, status)
+    try:
+        comm.Recv([buf, BYTE], source, tag, status)
+    except MPI.Exception as exc:  # a longer message: MPI_ERR_TRUNCATE
+        if is_truncation(exc):
+            raise size_mismatch(comm, buf.nbytes, -1, source) from exc
+        raise
     got = status.Get_count(BYTE)
     if got != buf.nbytes:
-        raise RuntimeError(f"mpicoll: rank {comm.Get_rank()} expected {buf.nbytes} bytes from rank {source}, "
-                           f"got {got}: the ranks disagree on the message size")
+        raise size_mismatch(comm, buf.nbytes, got, source)
 
 
 def sendrecv(comm, sendbuf: np.ndarray, dest: int, recvbuf: np.ndarray, source: int, tag: int) -> None:
     status = MPI.Status()
-    comm.Sendrecv([sendbuf, BYTE], dest, tag, [recvbuf, BYTE], source, tag, status)
+    try:
+        comm.Sendrecv([sendbuf, BYTE], dest, tag, [recvbuf, BYTE], source, tag, status)
+    except MPI.Exception as exc:
+        if is_truncation(exc):
+            raise size_mismatch(comm, recvbuf.nbytes, -1, source) from exc
+        raise
     got = status.Get_count(BYTE)
     if got != recvbuf.nbytes:
-        raise RuntimeError(f"mpicoll: rank {comm.Get_rank()} expected {recvbuf.nbytes} bytes from rank {source}, "
-                           f"got {got}: the ranks disagree on the message size")
+        raise size_mismatch(comm, recvbuf.nbytes, got, source)
 
 
 def scratch_like(st, name: str, n: int, dtype: np.dtype) -> np.ndarray:

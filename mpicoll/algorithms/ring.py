@@ -44,6 +44,7 @@ from __future__ import annotations
 from mpi4py import MPI
 
 from . import recursive_doubling, register
+from ..check import is_truncation, size_mismatch
 from .common import (BYTE, TAG_ALLGATHER, TAG_ALLREDUCE, TAG_BCAST, TAG_REDUCE, TAG_REDUCE_SCATTER, block_bounds,
                      recv, send, sendrecv)
 
@@ -82,8 +83,14 @@ def reduce(st, buf, red, root, *, segment_bytes=SEGMENT_BYTES):
     if st.rank != root:
         send(st.comm, buf[a:b], root, TAG_REDUCE)
         return
-    reqs = [st.comm.Irecv([buf[a:b], BYTE], r, TAG_REDUCE) for r, (a, b) in enumerate(bounds) if r != root]
-    MPI.Request.Waitall(reqs)
+    peers = [(r, a, b) for r, (a, b) in enumerate(bounds) if r != root]
+    reqs = [st.comm.Irecv([buf[a:b], BYTE], r, TAG_REDUCE) for r, a, b in peers]
+    statuses = [MPI.Status() for _ in reqs]
+    MPI.Request.Waitall(reqs, statuses)
+    for (r, a, b), status in zip(peers, statuses):  # same size check as common.recv
+        got = status.Get_count(BYTE)
+        if got != (b - a) * buf.itemsize:
+            raise size_mismatch(st.comm, (b - a) * buf.itemsize, got, r, "ring reduce")
 
 
 @register("bcast", "ring")
@@ -145,12 +152,16 @@ def _reduce_scatter(st, buf, red, bounds, segment_bytes, tag, src):
             post(1)
         for j, (a, b) in enumerate(block):
             status = MPI.Status()
-            recvs[j % 2].Wait(status)
-            got = status.Get_count(BYTE)
             mine = buf[a:b]
+            try:
+                recvs[j % 2].Wait(status)
+            except MPI.Exception as exc:
+                if is_truncation(exc):
+                    raise size_mismatch(comm, mine.nbytes, -1, left, f"ring step {step}") from exc
+                raise
+            got = status.Get_count(BYTE)
             if got != mine.nbytes:
-                raise RuntimeError(f"mpicoll: ring step {step}: expected {mine.nbytes} bytes from rank {left}, "
-                                   f"got {got}: the ranks disagree on the message size")
+                raise size_mismatch(comm, mine.nbytes, got, left, f"ring step {step}")
             red.combine(mine, slots[j % 2][:b - a], own[a:b])  # partial from the left, then ours
             if j + 2 < nseg:
                 post(j + 2)
