@@ -22,6 +22,7 @@ import numpy as np
 
 from . import algorithms as _alg
 from . import buffers, select
+from . import profile as _profile
 from . import ops as _ops
 from .algorithms.common import block_bounds, counts_to_bounds
 from .comm import check_intracomm, state
@@ -99,9 +100,14 @@ def allreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", dtype=None)
     src = None if buffers.same_memory(result, arr) else buffers.storage(arr, dt)
     st = state(comm)
     if st.size > 1:
+        knobs = {}
         if name == "auto":
-            name = select.allreduce(st.size, flat.nbytes, red.op.name, dt.name, native_dtype=dt.mpi is not None).name
-        _alg.get("allreduce", name)(st, flat, red, src=src)
+            choice = select.allreduce(st.size, flat.nbytes, red.op.name, dt.name, native_dtype=dt.mpi is not None,
+                                      profile=_profile.current())
+            name = choice.name
+            if choice.segment_bytes:  # a tuning profile's segment size
+                knobs["segment_bytes"] = choice.segment_bytes
+        _alg.get("allreduce", name)(st, flat, red, src=src, **knobs)
     elif src is not None:
         flat[...] = src
     red.finish(flat, st.size)
@@ -223,7 +229,9 @@ def reduce(x, op="sum", root=0, *, comm=None, out=None, algorithm="auto", dtype=
 
 
 def explain(nbytes: int, *, comm=None, op="sum", dtype="float32") -> select.Choice:
-    """Which all-reduce algorithm "auto" picks for an ``nbytes`` message, and why."""
+    """Which all-reduce algorithm "auto" picks for an ``nbytes`` message, and why
+    (forced by the environment, a tuning profile's entry or model, or the
+    fixed defaults: the reason says which)."""
     from . import dtypes as _dtypes
 
     comm = check_intracomm(comm)
@@ -234,4 +242,5 @@ def explain(nbytes: int, *, comm=None, op="sum", dtype="float32") -> select.Choi
     forced = os.environ.get(ENV_ALGORITHM)
     if forced and forced != "auto" and _alg.has("allreduce", forced):
         return select.Choice(forced, f"forced by {ENV_ALGORITHM}")
-    return select.allreduce(comm.Get_size(), int(nbytes), o.name, dt.name, native_dtype=dt.mpi is not None)
+    return select.allreduce(comm.Get_size(), int(nbytes), o.name, dt.name, native_dtype=dt.mpi is not None,
+                            profile=_profile.current())

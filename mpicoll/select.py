@@ -12,7 +12,7 @@ can reduce the dtype natively, then the message size.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 # Below this, one native MPI_Allreduce call beats anything built from
 # Python-level point-to-point calls: the MPI library's own recursive doubling
@@ -27,12 +27,34 @@ SMALL_MESSAGE_BYTES = 64 << 10
 class Choice(NamedTuple):
     name: str
     reason: str
+    # A knob for the chosen algorithm (the ring's), from a tuning profile.
+    segment_bytes: Optional[int] = None
 
 
-def allreduce(p: int, nbytes: int, op: str, dtype: str, *, native_dtype: bool = True) -> Choice:
-    """The all-reduce algorithm for ``p`` ranks and an ``nbytes`` message."""
+def _registered(name: str) -> bool:
+    # Imported late, by submodule (mpicoll.algorithms the attribute is the
+    # public function): keeps this module importable on its own.
+    from .algorithms import has
+
+    return has("allreduce", name)
+
+
+def allreduce(p: int, nbytes: int, op: str, dtype: str, *, native_dtype: bool = True,
+              profile=None, available=None) -> Choice:
+    """The all-reduce algorithm for ``p`` ranks and an ``nbytes`` message.
+
+    ``profile`` is a loaded ``mpicoll.profile.Profile`` (or None): its
+    first matching rule decides, then its fitted model, then the fixed
+    defaults below. ``available(name)`` says which algorithms exist
+    (default: the registry); a profile naming a missing one is passed over.
+    """
     if p == 1:
         return Choice("mpi", "one rank: nothing to exchange")
+    available = available or _registered
+    if profile is not None:
+        choice = _from_profile(profile, p, nbytes, native_dtype, available)
+        if choice is not None:
+            return choice
     if native_dtype:
         if nbytes <= NATIVE_MAX_BYTES:
             return Choice("mpi", f"{dtype} is native to MPI and the message is at most "
@@ -45,6 +67,27 @@ def allreduce(p: int, nbytes: int, op: str, dtype: str, *, native_dtype: bool = 
                                       "2(p-1)/p n bytes in 2 log2(p) steps")
     return Choice("ring", f"long message on p={p} (not a power of two): the ring moves 2(p-1)/p n bytes "
                           "with no fold-in")
+
+
+def _from_profile(profile, p, nbytes, native_dtype, available) -> Optional[Choice]:
+    where = profile.path or "tuning profile"
+    rule = profile.lookup(p, nbytes, native_dtype, available)
+    if rule is not None:
+        what = "measured on this machine" if rule.source == "measured" else "predicted by the fitted cost model"
+        note = f": {rule.note}" if rule.note else ""
+        return Choice(rule.algorithm, f"profile entry ({what}) in {where}: {rule.describe()}{note}",
+                      rule.segment_bytes)
+    model = getattr(profile, "model", None)
+    if model is None or not native_dtype:  # the model is fitted on native dtypes only
+        return None
+    from . import model as _model
+
+    candidates = [a for a in _model.P2P + ("mpi",) if available(a) and _model.family(a) in model.params]
+    if not candidates:
+        return None
+    t, name = _model.best(model, p, nbytes, candidates)
+    return Choice(name, f"model fitted in {where} (no rule covers p={p}, {nbytes} B): "
+                        f"predicted {t * 1e6:.1f} us, the least of {', '.join(candidates)}")
 
 
 def simple(collective: str, p: int, nbytes: int, *, native_dtype: bool = True) -> Choice:
