@@ -32,16 +32,20 @@ mpi (MPICH)            recursive doubling for n <= 2048 B or count < pof2, else 
 reduce-scatter half. The ring and Rabenseifner fall back to recursive
 doubling with fewer elements than ranks, as the implementations do.
 
-Two parameter sets are fitted, since the costs per message differ by an
+Three parameter sets are fitted, since the costs per message differ by an
 order of magnitude: ``p2p`` for mpicoll's algorithms (point-to-point calls
-from Python) and ``native`` for MPI_Allreduce and the ``mpi`` algorithm.
+from Python), ``native`` for MPI_Allreduce called directly and ``mpi`` for
+the same through mpicoll's API (the same formulas, a larger ``o``).
 ``fit()`` finds (o, alpha, beta, gamma) >= 0 by least squares on relative
 errors (so that 10 us and 1 s measurements weigh alike), from the rows the
 benchmark writes.
 
     python -m mpicoll.model --profile bench-out/tuning.json --p 16,64,256,1024,4096
+    python -m mpicoll.model --fit bench-out/bench-p2.json bench-out/bench-p3.json bench-out/bench-p4.json
 
-prints predicted times at process counts this machine cannot run.
+print predicted times at process counts this machine cannot run (the
+second fits the model to bench results first and prints measured against
+predicted times).
 """
 from __future__ import annotations
 
@@ -132,7 +136,12 @@ def mpich_choice(p: int, nbytes: int, itemsize: int = 4) -> str:
 
 
 def family(algorithm: str) -> str:
-    return "native" if algorithm in NATIVE else "p2p"
+    """Which parameter set prices ``algorithm``: ``p2p`` (mpicoll's own
+    algorithms), ``mpi`` (MPI_Allreduce through mpicoll's API) or
+    ``native`` (MPI_Allreduce called directly)."""
+    if algorithm == "MPI_Allreduce":
+        return "native"
+    return "mpi" if algorithm == "mpi" else "p2p"
 
 
 class Model(NamedTuple):
@@ -217,28 +226,84 @@ def best(model: Model, p: int, nbytes: int, candidates: Iterable[str], itemsize:
     return min(priced)
 
 
-def main(argv=None) -> int:
-    from . import profile as _profile
+def rows_from_bench(result: dict, mode: str = "out") -> list:
+    """Measurement rows for ``fit()`` from a ``python -m mpicoll.bench --json`` result."""
+    meta = result["meta"]
+    return [{"p": meta["p"], "bytes": r["bytes"], "algorithm": r["algorithm"], "time_s": r["time_us"] * 1e-6,
+             "itemsize": meta.get("itemsize", 4)} for r in result["rows"]
+            if r["mode"] == mode and r["algorithm"] in P2P + NATIVE]
 
-    ap = argparse.ArgumentParser(prog="python -m mpicoll.model",
-                                 description="Predict all-reduce times from a tuning profile's fitted model.")
-    ap.add_argument("--profile", default=None, help="tuning profile (default: MPICOLL_TUNING_FILE or the per-user one)")
-    ap.add_argument("--p", default="16,64,256,1024,4096", help="comma-separated process counts")
-    ap.add_argument("--sizes", default="8,4096,65536,1048576,16777216,268435456", help="message sizes in bytes")
-    args = ap.parse_args(argv)
-    path = args.profile or _profile.path()
-    prof = _profile.load(path)
-    if prof.model is None:
-        print(f"{path}: no fitted model in this profile")
-        return 1
-    model = prof.model
-    algs = [a for a in P2P + ("mpi",) if family(a) in model.params]
-    print(f"model from {path}")
+
+def compare(model: Model, rows: Iterable[dict]) -> Dict[tuple, dict]:
+    """Measured vs predicted per (p, algorithm): rms and max relative error
+    (prediction / measurement - 1), and the per-size pairs."""
+    out: Dict[tuple, dict] = {}
+    for r in rows:
+        key = (r["p"], r["algorithm"])
+        pred = model.predict(r["algorithm"], r["p"], r["bytes"], r.get("itemsize", 4),
+                             segment_bytes=r.get("segment_bytes"))
+        out.setdefault(key, {"pairs": []})["pairs"].append((r["bytes"], r["time_s"], pred))
+    for v in out.values():
+        rel = np.array([pr / t - 1 for _, t, pr in v["pairs"]])
+        v["rms"] = float(np.sqrt(np.mean(rel ** 2)))
+        v["max"] = float(np.max(np.abs(rel)))
+    return out
+
+
+def _print_params(model: Model) -> None:
     for fam, prm in model.params.items():
         print(f"  {fam:<7} o={prm.o * 1e6:.2f} us  alpha={prm.alpha * 1e6:.2f} us  "
               f"beta={prm.beta * 1e9:.3f} ns/B ({1 / prm.beta / 1e9 if prm.beta else math.inf:.2f} GB/s)  "
               f"gamma={prm.gamma * 1e9:.3f} ns/B  fit rms rel. error {model.rms_rel_error.get(fam, math.nan):.0%}")
-    print(f"{'p':>6} {'bytes':>11} " + " ".join(f"{a[:12]:>12}" for a in algs) + "  best (predicted, microseconds)")
+
+
+def main(argv=None) -> int:
+    import json
+
+    from . import profile as _profile
+
+    ap = argparse.ArgumentParser(prog="python -m mpicoll.model",
+                                 description="Fit the cost model to bench results, or predict from a profile's model.")
+    ap.add_argument("--profile", default=None,
+                    help="tuning profile whose model to use (default: MPICOLL_TUNING_FILE or the per-user one)")
+    ap.add_argument("--fit", nargs="+", metavar="BENCH.json",
+                    help="fit to these bench --json results instead, and print measured vs predicted")
+    ap.add_argument("--p", default="16,64,256,1024,4096", help="comma-separated process counts to predict")
+    ap.add_argument("--sizes", default="8,4096,65536,1048576,16777216,268435456", help="message sizes in bytes")
+    args = ap.parse_args(argv)
+    if args.fit:
+        rows = []
+        for f in args.fit:
+            with open(f) as fh:
+                rows += rows_from_bench(json.load(fh))
+        model = fit(rows)
+        print(f"model fitted to {len(rows)} measurements from {', '.join(args.fit)}")
+        _print_params(model)
+        cmp = compare(model, rows)
+        sizes = sorted({r["bytes"] for r in rows})
+        print("measured vs predicted (us); rel. error = predicted / measured - 1")
+        print(f"{'p':>3} {'algorithm':<19} {'rms':>5} {'max':>5}  " + " ".join(f"{n:>15}" for n in sizes))
+        for (p, alg), v in sorted(cmp.items()):
+            cells = {n: f"{t * 1e6:.0f}/{pr * 1e6:.0f}" for n, t, pr in v["pairs"]}
+            print(f"{p:>3} {alg:<19} {v['rms']:>5.0%} {v['max']:>5.0%}  " +
+                  " ".join(f"{cells.get(n, '-'):>15}" for n in sizes))
+        for p in sorted({k[0] for k in cmp}):
+            errs = [x for (pp, _), v in cmp.items() if pp == p for x in
+                    [pr / t - 1 for _, t, pr in v["pairs"]]]
+            print(f"p={p}: rms relative error {np.sqrt(np.mean(np.square(errs))):.0%} over {len(errs)} points, "
+                  f"median |error| {np.median(np.abs(errs)):.0%}")
+    else:
+        path = args.profile or _profile.path()
+        prof = _profile.load(path)
+        if prof.model is None:
+            print(f"{path}: no fitted model in this profile")
+            return 1
+        model = prof.model
+        print(f"model from {path}")
+        _print_params(model)
+    algs = [a for a in P2P + ("mpi",) if family(a) in model.params]
+    print(f"predicted time (us) at process counts not measured here:")
+    print(f"{'p':>6} {'bytes':>11} " + " ".join(f"{a[:12]:>12}" for a in algs) + "  best")
     for p in (int(s) for s in args.p.split(",")):
         for n in (int(s) for s in args.sizes.split(",")):
             ts = [model.predict(a, p, n) for a in algs]

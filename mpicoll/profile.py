@@ -35,8 +35,6 @@ import os
 import warnings
 from typing import List, NamedTuple, Optional
 
-from .model import Model
-
 ENV_TUNING_FILE = "MPICOLL_TUNING_FILE"
 FORMAT = "mpicoll-tuning"
 VERSION = 1
@@ -102,7 +100,7 @@ def _rule_from_json(d: dict) -> Rule:
 class Profile:
     """A loaded tuning profile (rules, fitted model, raw measurements)."""
 
-    def __init__(self, rules: List[Rule], *, model: Optional[Model] = None, meta: Optional[dict] = None,
+    def __init__(self, rules: List[Rule], *, model=None, meta: Optional[dict] = None,
                  measurements: Optional[list] = None, path: Optional[str] = None):
         self.rules = list(rules)
         self.model = model
@@ -138,6 +136,8 @@ class Profile:
             parsed = [_rule_from_json(r) for r in rules]
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
+        from .model import Model  # late: `python -m mpicoll.model` must not find it imported
+
         model = None if d.get("model") is None else Model.from_json(d["model"])
         return cls(parsed, model=model, meta=d.get("meta") or {}, measurements=d.get("measurements") or [],
                    path=path)

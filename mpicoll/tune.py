@@ -170,7 +170,7 @@ def tune(comm=None, sizes: Optional[List[int]] = None, op: str = "sum", dtype: s
     fit_rows = [m for m in measurements if m.get("native_dtype", True)]
     model = _model.fit(fit_rows) if fit_rows else None
     model_rules = []
-    if model is not None and "p2p" in model.params and "native" in model.params:
+    if model is not None and "p2p" in model.params and "mpi" in model.params:
         candidates = [a for a in _model.P2P + ("mpi",) if _alg.has("allreduce", a)]
         grid = _bench.default_sizes()
         for p_lo, p_hi, p_rep in p_ranges():

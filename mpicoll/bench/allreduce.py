@@ -225,10 +225,12 @@ def _to_float64(dt: _dtypes.DType, storage: np.ndarray) -> np.ndarray:
 
 
 def _from_float32(dt: _dtypes.DType, v: np.ndarray) -> np.ndarray:
+    # Storage arrays (uint16 bits for the 16-bit floats), never numpy float16:
+    # assigning those into uint16 buffers would convert the values.
     if dt.name == "float16":
-        return _kernels.f32_to_f16(v)
+        return _kernels.f32_to_f16(v).view(dt.storage)
     if dt.name == "bfloat16":
-        return _kernels.f32_to_bf16(v)
+        return _kernels.f32_to_bf16(v).view(dt.storage)
     return v.astype(dt.storage)
 
 
