@@ -98,7 +98,10 @@ def _rule_from_json(d: dict) -> Rule:
 
 
 class Profile:
-    """A loaded tuning profile (rules, fitted model, raw measurements)."""
+    """A loaded tuning profile (rules, fitted model, raw measurements).
+
+    Treated as immutable once built, and hashed by identity: select.py
+    memoises decisions per profile object."""
 
     def __init__(self, rules: List[Rule], *, model=None, meta: Optional[dict] = None,
                  measurements: Optional[list] = None, path: Optional[str] = None):
@@ -142,9 +145,6 @@ class Profile:
         return cls(parsed, model=model, meta=d.get("meta") or {}, measurements=d.get("measurements") or [],
                    path=path)
 
-    def __eq__(self, other):
-        return isinstance(other, Profile) and self.to_json() == other.to_json()
-
     def __repr__(self):
         return f"Profile({len(self.rules)} rules, path={self.path!r})"
 
@@ -187,6 +187,7 @@ def save(profile: Profile, file: str) -> None:
 # path -> Profile or None; read once per process, since auto runs on every
 # call and a profile changes only when someone re-tunes.
 _cache = {}
+_last = (object(), None)  # (environment value, profile): the per-call fast path
 
 
 def current() -> Optional[Profile]:
@@ -194,6 +195,16 @@ def current() -> Optional[Profile]:
     normal case (silently no profile); an unreadable or malformed one warns
     once and is ignored, so a bad file can slow a program down but never
     stop it."""
+    global _last
+    env = os.environ.get(ENV_TUNING_FILE)
+    if env == _last[0]:
+        return _last[1]
+    prof = _current()
+    _last = (env, prof)
+    return prof
+
+
+def _current() -> Optional[Profile]:
     p = path()
     if p is None:
         return None
@@ -213,4 +224,6 @@ def current() -> Optional[Profile]:
 
 def reload() -> None:
     """Forget cached profiles (after re-tuning in the same process)."""
+    global _last
     _cache.clear()
+    _last = (object(), None)

@@ -14,6 +14,7 @@ can reduce the dtype natively, then the message size.
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple, Optional
 
 # Fixed defaults, measured with ``make bench`` (float32 sum, MPICH wheel,
@@ -31,8 +32,8 @@ from typing import NamedTuple, Optional
 # message is at least RING_MIN_BYTES *and* each rank's block is at least
 # RING_MIN_BLOCK_BYTES: the ring's 2(p-1) latency terms grow with p, so on
 # large communicators it needs proportionally longer messages.
-RING_MIN_BYTES = 512 << 10
-RING_MIN_BLOCK_BYTES = 128 << 10
+RING_MIN_BYTES = 1 << 20
+RING_MIN_BLOCK_BYTES = 512 << 10
 # float16/bfloat16 have no MPI datatype, so a native call runs a Python
 # callback per chunk; our algorithms with the C kernels win from small sizes.
 SMALL_MESSAGE_BYTES = 64 << 10
@@ -53,6 +54,12 @@ def _registered(name: str) -> bool:
     return has("allreduce", name)
 
 
+# Memoised: "auto" asks on every call, and building the reason string costs
+# microseconds, as much as a short native MPI_Allreduce. The answer depends
+# only on the arguments (a profile is immutable once loaded; the registry
+# is filled at import), so caching does not change it; call
+# ``allreduce.cache_clear()`` after registering an algorithm late.
+@functools.lru_cache(maxsize=4096)
 def allreduce(p: int, nbytes: int, op: str, dtype: str, *, native_dtype: bool = True,
               profile=None, available=None) -> Choice:
     """The all-reduce algorithm for ``p`` ranks and an ``nbytes`` message.

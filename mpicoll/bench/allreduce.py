@@ -194,12 +194,13 @@ def measure(comm, fn: Callable[[], object], iters: int, warmup: int,
 
 
 class _Case:
-    """Buffers and call for one (algorithm, mode) at one size."""
+    """The call for one (algorithm, mode) at one size. All cases of a size
+    share one input and one output buffer (a 256 MiB sweep would otherwise
+    hold gigabytes per rank); each case refills them before it runs."""
 
-    def __init__(self, comm, algorithm, mode, red, storage_dtype, count, dtype_name):
+    def __init__(self, comm, algorithm, mode, red, x, out, dtype_name):
         self.comm, self.algorithm, self.mode, self.red = comm, algorithm, mode, red
-        self.x = np.empty(count, storage_dtype)
-        self.out = np.empty(count, storage_dtype)
+        self.x, self.out = x, out
         self.dtype_name = dtype_name
 
     def fill(self, values: np.ndarray) -> None:
@@ -356,7 +357,8 @@ def run(comm=None, sizes: Optional[Sequence[int]] = None, algorithms: Optional[S
         warmup, iters = iterations(nb, scale)
         choice = _select.allreduce(p, nb, o.name, dt.name, native_dtype=dt.mpi is not None, profile=prof)
         explain[nb] = choice
-        cases = {(a, m): _Case(comm, a, m, red, dt.storage, count, dt.name) for a in algs for m in modes}
+        xbuf, outbuf = np.empty(count, dt.storage), np.empty(count, dt.storage)
+        cases = {(a, m): _Case(comm, a, m, red, xbuf, outbuf, dt.name) for a in algs for m in modes}
         timing_vals = inputs(dt, o.name, count, rank, timing=True)
         best = {}
         for _ in range(repeat):  # interleaved repetitions: all cases see the same background load
@@ -393,7 +395,7 @@ def run(comm=None, sizes: Optional[Sequence[int]] = None, algorithms: Optional[S
                 "algbw_gbs": algbw, "busbw_gbs": algbw * 2 * (p - 1) / p if p > 1 else 0.0,
                 "t_over_native": med / native, "wrong": wrong.get((a, m)),
             })
-        del cases
+        del cases, xbuf, outbuf
     # STREAM again at the end: the better of the two figures sets the bound
     # (on a shared machine either may have run during a burst of load).
     end = stream(comm, stream_bytes)
