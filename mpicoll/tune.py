@@ -120,7 +120,8 @@ def _time_ring_segments(comm, sizes, dt, red, segments, repeat, scale) -> list:
 
 def tune(comm=None, sizes: Optional[List[int]] = None, op: str = "sum", dtype: str = "float32",
          segments: Optional[List[int]] = None, repeat: int = 2, scale: float = 1.0, margin: float = 0.05,
-         base: Optional[_profile.Profile] = None, progress: Optional[bool] = None) -> _profile.Profile:
+         base: Optional[_profile.Profile] = None, progress: Optional[bool] = None,
+         stream_bytes: int = 64 << 20) -> _profile.Profile:
     """Measure on ``comm`` and return the profile (``base``'s entries for
     other process counts kept). Every rank returns the same profile."""
     comm = MPI.COMM_WORLD if comm is None else comm
@@ -134,7 +135,7 @@ def tune(comm=None, sizes: Optional[List[int]] = None, op: str = "sum", dtype: s
     segments = _bench.parse_sizes(DEFAULT_SEGMENTS) if segments is None else segments
     algs = [a for a in _alg.names("allreduce") if a != "auto"]
     res = _bench.run(comm, sizes, algs, op, dtype, modes=("out",), scale=scale, repeat=repeat,
-                     progress=progress, validate=False, stat="min")
+                     progress=progress, validate=False, stat="min", stream_bytes=stream_bytes)
     rows = [{"p": p, "bytes": r["bytes"], "algorithm": r["algorithm"], "segment_bytes": None,
              "time_s": r["time_us"] * 1e-6, "itemsize": dt.itemsize, "native_dtype": native_dtype}
             for r in res["rows"]]

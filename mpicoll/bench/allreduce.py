@@ -124,7 +124,7 @@ def stream(comm, nbytes: int = 64 << 20, repeat: int = 5) -> dict:
     arrays of ``nbytes`` (larger than the caches), all ranks started
     together by a barrier; the node's bandwidth is the bytes all ranks moved
     (STREAM's counting: 2 arrays for Copy, 3 for Add, no write-allocate)
-    over the slowest rank's time, best of ``repeat``. Ranks share the
+    over the time until the last rank finished, best of ``repeat``. Ranks share the
     node's memory controllers and cores exactly as they do in an all-reduce.
     """
     n = max(1, nbytes // 8)
@@ -137,9 +137,14 @@ def stream(comm, nbytes: int = 64 << 20, repeat: int = 5) -> dict:
         best = math.inf
         fn()
         for _ in range(repeat):
+            # From one barrier to the next: the time the node needed for
+            # all ranks' work. (Each rank timing only its own kernel would
+            # overstate the bandwidth when ranks outnumber cores and run
+            # one after another.)
             comm.Barrier()
             t = time.perf_counter()
             fn()
+            comm.Barrier()
             best = min(best, comm.allreduce(time.perf_counter() - t, op=MPI.MAX))
         out[f"{name}_gbs"] = p * arrays * n * 8 / best / 1e9
     out["array_bytes"] = n * 8
@@ -407,7 +412,7 @@ def run(comm=None, sizes: Optional[Sequence[int]] = None, algorithms: Optional[S
     meta = {
         "schema": SCHEMA, "p": p, "op": o.name, "dtype": dt.name, "itemsize": itemsize, "modes": list(modes),
         "algorithms": algs, "repeat": repeat, "scale": scale, "stat": stat,
-        "mpi": MPI.Get_library_version().splitlines()[0].strip(), "mpicoll": mpicoll.__version__,
+        "mpi": " ".join(MPI.Get_library_version().splitlines()[0].split()), "mpicoll": mpicoll.__version__,
         "host": platform.node(), "kernels": _kernels.isa(),
         "profile": None if prof is None else prof.path,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -505,6 +510,8 @@ def plot(result: dict, path: str) -> None:
             ax_b.plot(xs, [r["busbw_gbs"] for r in rs], style, marker=".", label=label, color=line.get_color())
     rs = [r for r in result["rows"] if r["algorithm"] == NATIVE and r["mode"] == meta["modes"][0]]
     ax_t.plot([r["bytes"] for r in rs], [r["bound_us"] for r in rs], "--", color="grey", label="memory bound")
+    lowest = min(r["time_us"] for r in result["rows"])
+    ax_t.set_ylim(bottom=lowest / 3)  # the bound falls far below at small sizes: do not let it set the scale
     ax_t.set(xscale="log", yscale="log", xlabel="message size (bytes)", ylabel=f"latency ({meta['stat']}), slowest rank (us)")
     ax_b.set(xscale="log", xlabel="message size (bytes)", ylabel="busbw (GB/s)")
     for ax in (ax_t, ax_b):
