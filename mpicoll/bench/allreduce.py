@@ -389,16 +389,16 @@ def run(comm=None, sizes: Optional[Sequence[int]] = None, algorithms: Optional[S
             for key, case in cases.items():
                 wrong[key] = _validate(comm, case, dt, o.name, count, red, abs_sum_of)
         for (a, m), ts in best.items():
-            med = float(figure(ts))
+            t = float(figure(ts))
             native = float(figure(best[(NATIVE, m)]))
-            algbw = nb / med / 1e9
+            algbw = nb / t / 1e9
             rows.append({
                 "bytes": nb, "count": count, "algorithm": a, "mode": m,
                 "chosen": choice.name if a == "auto" else a,
                 "iters": len(ts), "avg_us": float(ts.mean()) * 1e6, "min_us": float(ts.min()) * 1e6,
-                "max_us": float(ts.max()) * 1e6, "median_us": float(np.median(ts)) * 1e6, "time_us": med * 1e6,
+                "max_us": float(ts.max()) * 1e6, "median_us": float(np.median(ts)) * 1e6, "time_us": t * 1e6,
                 "algbw_gbs": algbw, "busbw_gbs": algbw * 2 * (p - 1) / p if p > 1 else 0.0,
-                "t_over_native": med / native, "wrong": wrong.get((a, m)),
+                "t_over_native": t / native, "wrong": wrong.get((a, m)),
             })
         del cases, xbuf, outbuf
     # STREAM again at the end: the better of the two figures sets the bound
