@@ -11,7 +11,8 @@ What it does, on the communicator it runs on (``p`` ranks):
    interleaved runs), and the ring with several segment sizes;
 2. per size keeps the fastest, preferring the native ``mpi`` algorithm
    unless another one beats it by ``--margin`` (a choice should not flip on
-   noise), and merges neighbouring sizes with the same winner into ranges
+   noise), overrules a lone winner between two sizes that agree on another
+   (``smooth``), and merges neighbouring sizes with the same winner into ranges
    whose edges lie half-way (geometrically) between the measured sizes;
 3. fits the alpha-beta-gamma model (``mpicoll.model``) to every
    measurement in the profile (this run's and earlier runs' at other
@@ -86,6 +87,17 @@ def p_ranges(p_max: int = MODEL_P_MAX) -> List[tuple]:
     return out
 
 
+def smooth(winners: List[tuple]) -> List[tuple]:
+    """Replace a lone winner between two equal neighbours by theirs: the
+    fastest algorithm does not change for one size and back at the next,
+    so an isolated flip is measurement noise."""
+    out = list(winners)
+    for i in range(1, len(out) - 1):
+        if winners[i - 1] == winners[i + 1] != winners[i]:
+            out[i] = winners[i - 1]
+    return out
+
+
 def choose(times: dict, margin: float) -> tuple:
     """(algorithm, segment_bytes) with the least time, where only a clear
     win (by ``margin``) displaces the native ``mpi``."""
@@ -150,6 +162,7 @@ def tune(comm=None, sizes: Optional[List[int]] = None, op: str = "sum", dtype: s
         times = {(r["algorithm"], r["segment_bytes"]): r["time_s"] for r in rows
                  if r["bytes"] == nb and r["algorithm"] != _bench.NATIVE}
         winners.append(choose(times, margin))
+    winners = smooth(winners)
     new_rules = []
     for lo, hi, (alg, seg) in ranges_from_winners(measured_sizes, winners):
         new_rules.append(_profile.Rule(p, p, lo, hi, alg, seg, native_dtype, "measured",

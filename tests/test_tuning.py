@@ -210,6 +210,12 @@ def test_p_ranges_cover_every_count():
         assert hits[0][0] <= hits[0][2] and (hits[0][1] is None or hits[0][2] <= hits[0][1])
 
 
+def test_smooth_removes_lone_flips():
+    a, b = ("mpi", None), ("ring", None)
+    assert _tune.smooth([a, b, a, a, b, b]) == [a, a, a, a, b, b]
+    assert _tune.smooth([b, a]) == [b, a] and _tune.smooth([]) == []
+
+
 def test_choose_prefers_native_on_a_near_tie():
     t = {("mpi", None): 1.0, ("ring", None): 0.97, ("tree", None): 1.2}
     assert _tune.choose(t, 0.05) == ("mpi", None)
