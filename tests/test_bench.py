@@ -100,7 +100,7 @@ def test_bench_main_writes_files(tmp_path, no_profile, capsys):
     comm = MPI.COMM_WORLD
     d = comm.bcast(str(tmp_path), root=0)  # rank 0 writes, into its own directory
     rc = bench.main(["--sizes", "8,64", "--scale", "1e-6", "--algorithms", "auto,tree", "--mode", "out",
-                     "--json", f"{d}/b.json", "--csv", f"{d}/b.csv", "--explain", "--no-progress"])
+                     "--json", f"{d}/b.json", "--csv", f"{d}/b.csv", "--explain", "--no-progress", "--stream-mib", "0.0625"])
     assert rc == 0
     if comm.rank == 0:
         out = capsys.readouterr().out

@@ -537,6 +537,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=1, help="interleaved repetitions, best kept (default 1)")
     ap.add_argument("--stat", default="min", choices=sorted(STATS),
                     help="the per-measurement figure for ratios and bandwidths (default min: see the docstring)")
+    ap.add_argument("--stream-mib", type=float, default=64,
+                    help="array size of the STREAM measurement per rank, MiB (default 64: beyond the caches)")
     ap.add_argument("--no-validate", action="store_true", help="skip the comparison with MPI_Allreduce's result")
     ap.add_argument("--json", help="write the results as JSON")
     ap.add_argument("--csv", help="write the rows as CSV")
@@ -555,7 +557,7 @@ def main(argv=None) -> int:
     modes = MODES if args.mode == "both" else (args.mode,)
     comm = MPI.COMM_WORLD
     result = run(comm, sizes, algs, args.op, args.dtype, modes, args.scale, args.repeat, args.progress,
-                 not args.no_validate, stat=args.stat)
+                 not args.no_validate, stat=args.stat, stream_bytes=max(8, int(args.stream_mib * (1 << 20))))
     if comm.Get_rank() == 0:
         print(table(result, args.explain), flush=True)
         if args.json:
