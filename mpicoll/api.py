@@ -16,6 +16,7 @@ the same order).
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import numpy as np
@@ -30,24 +31,51 @@ from .kernels import Reduction
 
 ENV_ALGORITHM = "MPICOLL_ALGORITHM"
 
+# Small all-reduces are latency-bound, so the per-call path avoids anything
+# that costs a microsecond: the validated Reduction for an (op name, dtype)
+# is cached, and so is auto's decision (select is a pure function).
 _reductions = {}
 
 
 def _reduction(op, dt) -> Reduction:
-    o = _ops.resolve(op)
-    key = (o.name, dt.name)
-    red = _reductions.get(key)
+    key = (op, dt.code) if isinstance(op, str) else None
+    red = _reductions.get(key) if key else None
     if red is None:
-        red = Reduction(o, dt)  # raises if op is not defined for dt
-        _reductions[key] = red
+        red = Reduction(_ops.resolve(op), dt)  # raises if op is not defined for dt
+        if key:
+            _reductions[key] = red
     return red
+
+
+_NO_KNOBS = {}
+
+
+@functools.lru_cache(maxsize=4096)
+def _choose_allreduce(p, nbytes, op, dtype, native_dtype, profile):
+    """(name, keyword knobs) for "auto"; ``profile`` is the loaded tuning
+    profile or None (hashed by identity), which may set the ring's segment size."""
+    c = select.allreduce(p, nbytes, op, dtype, native_dtype=native_dtype, profile=profile)
+    return c.name, ({"segment_bytes": c.segment_bytes} if c.segment_bytes else _NO_KNOBS)
+
+# os.environ.get encodes the key and goes through two Python-level calls
+# (about 1 us); the encoded mapping behind it is kept in sync by os.environ
+# itself, so read that directly where it exists (CPython on POSIX).
+_ENV_DATA = getattr(os.environ, "_data", None)
+_ENV_KEY = os.environ.encodekey(ENV_ALGORITHM) if _ENV_DATA is not None else None
+
+
+def _forced_algorithm():
+    if _ENV_DATA is not None:
+        value = _ENV_DATA.get(_ENV_KEY)
+        return os.environ.decodevalue(value) if value else None
+    return os.environ.get(ENV_ALGORITHM)
 
 
 def _requested(collective: str, algorithm) -> str:
     """The algorithm name asked for, validated (no MPI calls)."""
     if not isinstance(algorithm, str):
         raise TypeError(f"mpicoll: algorithm must be a name, not {type(algorithm).__name__}")
-    forced = os.environ.get(ENV_ALGORITHM)
+    forced = _forced_algorithm()
     if forced:
         # Forces every collective that has an algorithm of that name; the
         # others keep what the call asked for.
@@ -95,22 +123,24 @@ def allreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", dtype=None)
     red = _reduction(op, dt)
     name = _requested("allreduce", algorithm)
     comm = check_intracomm(comm)
-    result = buffers.output(out, arr.shape, arr.dtype)
+    if out is None:
+        result = np.empty(arr.shape, arr.dtype)
+        src = buffers.storage(arr, dt)
+    else:
+        result = buffers.output(out, arr.shape, arr.dtype)
+        src = None if buffers.same_memory(result, arr) else buffers.storage(arr, dt)
     flat = buffers.storage(result, dt)
-    src = None if buffers.same_memory(result, arr) else buffers.storage(arr, dt)
     st = state(comm)
     if st.size > 1:
-        knobs = {}
+        knobs = _NO_KNOBS
         if name == "auto":
-            choice = select.allreduce(st.size, flat.nbytes, red.op.name, dt.name, native_dtype=dt.mpi is not None,
-                                      profile=_profile.current())
-            name = choice.name
-            if choice.segment_bytes:  # a tuning profile's segment size
-                knobs["segment_bytes"] = choice.segment_bytes
+            name, knobs = _choose_allreduce(st.size, flat.nbytes, red.op.name, dt.name, dt.mpi is not None,
+                                            _profile.current())
         _alg.get("allreduce", name)(st, flat, red, src=src, **knobs)
     elif src is not None:
         flat[...] = src
-    red.finish(flat, st.size)
+    if red.op.average:
+        red.finish(flat, st.size)
     return result
 
 
@@ -239,7 +269,7 @@ def explain(nbytes: int, *, comm=None, op="sum", dtype="float32") -> select.Choi
         else _dtypes.of_numpy(np.dtype(dtype))
     o = _ops.resolve(op)
     o.check_dtype(dt)
-    forced = os.environ.get(ENV_ALGORITHM)
+    forced = _forced_algorithm()
     if forced and forced != "auto" and _alg.has("allreduce", forced):
         return select.Choice(forced, f"forced by {ENV_ALGORITHM}")
     return select.allreduce(comm.Get_size(), int(nbytes), o.name, dt.name, native_dtype=dt.mpi is not None,

@@ -38,14 +38,17 @@ def as_array(x, what: str = "x") -> np.ndarray:
 
 def as_reducible(x, dtype=None, what: str = "x"):
     """(array, DType) for an input that will be reduced."""
-    arr = as_array(x, what)
+    if type(x) is np.ndarray and x.flags.c_contiguous:  # the common case, without the checks' cost
+        arr = x
+    else:
+        arr = as_array(x, what)
     return arr, _dtypes.resolve(arr.dtype, dtype)
 
 
 def storage(arr: np.ndarray, dt: _dtypes.DType) -> np.ndarray:
     """The flat storage view the algorithms move and the kernels reduce."""
-    flat = arr.reshape(-1)
-    return flat if flat.dtype == dt.storage else flat.view(dt.storage)
+    flat = arr if arr.ndim == 1 else arr.reshape(-1)
+    return flat if flat.dtype is dt.storage or flat.dtype == dt.storage else flat.view(dt.storage)
 
 
 def as_bytes(arr: np.ndarray) -> np.ndarray:
@@ -77,10 +80,11 @@ def output(out, shape, dtype: np.dtype, what: str = "out") -> np.ndarray:
 def same_memory(a: np.ndarray, b: np.ndarray) -> bool:
     """True if ``a`` and ``b`` are the same buffer (in-place use); ValueError
     if they overlap only partly, which no collective can honour."""
-    if a.nbytes == 0 or b.nbytes == 0:
-        return a is b
-    if a.ctypes.data == b.ctypes.data and a.nbytes == b.nbytes:
+    if a is b:
         return True
-    if np.may_share_memory(a, b):  # both contiguous: bounds overlap is overlap
-        raise ValueError("mpicoll: out partially overlaps the input")
-    return False
+    if a.nbytes == 0 or b.nbytes == 0 or not np.may_share_memory(a, b):
+        return False
+    # Both are contiguous, so overlapping bounds mean overlapping memory.
+    if a.__array_interface__["data"][0] == b.__array_interface__["data"][0] and a.nbytes == b.nbytes:
+        return True
+    raise ValueError("mpicoll: out partially overlaps the input")

@@ -98,7 +98,8 @@ def resolve(array_dtype: np.dtype, requested=None) -> DType:
     TypeError, since reinterpreting other types' bytes is almost always a bug.
     """
     if requested is None:
-        return of_numpy(array_dtype)
+        found = _BY_NUMPY.get(array_dtype)
+        return found if found is not None else of_numpy(array_dtype)
     if isinstance(requested, str) and requested in BY_NAME:
         want = BY_NAME[requested]
     else:

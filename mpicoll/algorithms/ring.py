@@ -1,8 +1,10 @@
 """Ring all-reduce: reduce-scatter around a ring, then allgather around it.
 
-Function:     allreduce(st, buf, red, *, segment_bytes=SEGMENT_BYTES)
+Function:     allreduce(st, buf, red, *, src=None, segment_bytes=SEGMENT_BYTES)
               reduce_scatter(st, buf, red, bounds, *, segment_bytes=...)
               allgather(st, buf, bounds)
+              reduce(st, buf, red, root)   ring reduce-scatter + gather to root
+              bcast(st, buf, root)         scatter from root + ring allgather
 Description:  The vector is cut into p blocks (np.array_split convention),
               one per rank. Each rank sends to its right neighbour and
               receives from its left one.
@@ -42,7 +44,8 @@ from __future__ import annotations
 from mpi4py import MPI
 
 from . import recursive_doubling, register
-from .common import BYTE, TAG_ALLGATHER, TAG_ALLREDUCE, TAG_REDUCE_SCATTER, block_bounds, sendrecv
+from .common import (BYTE, TAG_ALLGATHER, TAG_ALLREDUCE, TAG_BCAST, TAG_REDUCE, TAG_REDUCE_SCATTER, block_bounds,
+                     recv, send, sendrecv)
 
 # Gloo caps ring segments at 1 MiB; measured here, 1 MiB segments cost
 # nothing at 64 MiB and let the reduction overlap the transfers.
@@ -66,6 +69,37 @@ def reduce_scatter(st, buf, red, bounds, *, segment_bytes=SEGMENT_BYTES):
 @register("allgather", "ring")
 def allgather(st, buf, bounds):
     _allgather(st, buf, bounds, TAG_ALLGATHER)
+
+
+@register("reduce", "ring")
+def reduce(st, buf, red, root, *, segment_bytes=SEGMENT_BYTES):
+    """Ring reduce-scatter, then every rank sends its reduced block to root
+    (Rabenseifner's reduce): (p-1)/p n bytes through each link instead of the
+    binomial tree's n log2(p) at the root."""
+    bounds = block_bounds(buf.size, st.size)
+    _reduce_scatter(st, buf, red, bounds, segment_bytes, TAG_REDUCE, None)
+    a, b = bounds[st.rank]
+    if st.rank != root:
+        send(st.comm, buf[a:b], root, TAG_REDUCE)
+        return
+    reqs = [st.comm.Irecv([buf[a:b], BYTE], r, TAG_REDUCE) for r, (a, b) in enumerate(bounds) if r != root]
+    MPI.Request.Waitall(reqs)
+
+
+@register("bcast", "ring")
+def bcast(st, buf, root):
+    """Scatter from root (rank i gets block i straight from root), then a
+    ring allgather: 2 (p-1)/p n bytes per rank in all, against the binomial
+    tree's n log2(p); for long messages (van de Geijn's broadcast)."""
+    p, r = st.size, st.rank
+    bounds = block_bounds(buf.size, p)
+    if r == root:
+        reqs = [st.comm.Isend([buf[a:b], BYTE], i, TAG_BCAST) for i, (a, b) in enumerate(bounds) if i != root]
+        MPI.Request.Waitall(reqs)
+    else:
+        a, b = bounds[r]
+        recv(st.comm, buf[a:b], root, TAG_BCAST)
+    _allgather(st, buf, bounds, TAG_BCAST)
 
 
 def _segments(start, stop, nseg):
