@@ -24,6 +24,7 @@ import numpy as np
 from . import algorithms as _alg
 from . import buffers, select
 from . import check as _check
+from . import profile as _profile
 from . import ops as _ops
 from .algorithms.common import block_bounds, counts_to_bounds
 from .comm import check_intracomm, state
@@ -48,10 +49,16 @@ def _reduction(op, dt) -> Reduction:
     return red
 
 
+_NO_KNOBS = {}
+
+
 @functools.lru_cache(maxsize=4096)
-def _choose_allreduce(p, nbytes, op, dtype, native_dtype, ranks_per_node=1, nodes=1):
-    return select.allreduce(p, nbytes, op, dtype, native_dtype=native_dtype,
-                            ranks_per_node=ranks_per_node, nodes=nodes).name
+def _choose_allreduce(p, nbytes, op, dtype, native_dtype, profile, ranks_per_node=1, nodes=1):
+    """(name, keyword knobs) for "auto"; ``profile`` is the loaded tuning
+    profile or None (hashed by identity), which may set the ring's segment size."""
+    c = select.allreduce(p, nbytes, op, dtype, native_dtype=native_dtype, profile=profile,
+                         ranks_per_node=ranks_per_node, nodes=nodes)
+    return c.name, ({"segment_bytes": c.segment_bytes} if c.segment_bytes else _NO_KNOBS)
 
 # os.environ.get encodes the key and goes through two Python-level calls
 # (about 1 us); the encoded mapping behind it is kept in sync by os.environ
@@ -153,9 +160,11 @@ def allreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", dtype=None,
         from .algorithms import reproducible as _rep
         _rep.allreduce(st, flat, red, src=src)
     elif st.size > 1:
+        knobs = _NO_KNOBS
         if name == "auto":
-            name = _choose_allreduce(st.size, flat.nbytes, red.op.name, dt.name, dt.mpi is not None, *_layout(st))
-        _alg.get("allreduce", name)(st, flat, red, src=src)
+            name, knobs = _choose_allreduce(st.size, flat.nbytes, red.op.name, dt.name, dt.mpi is not None,
+                                            _profile.current(), *_layout(st))
+        _alg.get("allreduce", name)(st, flat, red, src=src, **knobs)
     elif src is not None:
         flat[...] = src
     if red.op.average:
@@ -291,7 +300,9 @@ def reduce(x, op="sum", root=0, *, comm=None, out=None, algorithm="auto", dtype=
 
 
 def explain(nbytes: int, *, comm=None, op="sum", dtype="float32") -> select.Choice:
-    """Which all-reduce algorithm "auto" picks for an ``nbytes`` message, and why."""
+    """Which all-reduce algorithm "auto" picks for an ``nbytes`` message, and why
+    (forced by the environment, a tuning profile's entry or model, or the
+    fixed defaults: the reason says which)."""
     from . import dtypes as _dtypes
 
     comm = check_intracomm(comm)
@@ -308,4 +319,4 @@ def explain(nbytes: int, *, comm=None, op="sum", dtype="float32") -> select.Choi
     st = comm.Get_attr(_comm._keyval) if _comm._keyval is not None else None
     rpn, nodes = _layout(st) if st is not None and "node" in st.extra else (1, 1)
     return select.allreduce(comm.Get_size(), int(nbytes), o.name, dt.name, native_dtype=dt.mpi is not None,
-                            ranks_per_node=rpn, nodes=nodes)
+                            profile=_profile.current(), ranks_per_node=rpn, nodes=nodes)

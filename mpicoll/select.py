@@ -1,10 +1,12 @@
 """How "auto" picks an algorithm: a pure function of (p, nbytes, op, dtype).
 
 No MPI calls here, so the decision can be unit-tested and explained
-(``mpicoll.explain``). The thresholds are fixed defaults, measured with
-``make demo`` / the kernel and algorithm benchmarks on a 2-core machine
-with the MPICH wheel (see docs/algorithms.md); a measured tuning profile
-replaces them where one exists.
+(``mpicoll.explain``). A tuning profile (``python -m mpicoll.tune``,
+loaded by the caller through ``mpicoll.profile`` and passed in) decides
+first: its measured entries, then its fitted cost model; the fixed
+defaults below, measured with ``make bench`` on a 2-core machine with the
+MPICH wheel (see docs/algorithms.md), decide everything else. The reason
+in each Choice says which of the three it was.
 
 Order of the decision, as in Open MPI's fixed decision functions:
 commutativity first (all of mpicoll's ops are commutative), then whether MPI
@@ -12,13 +14,26 @@ can reduce the dtype natively, then the message size.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+import functools
+from typing import NamedTuple, Optional
 
-# Below this, one native MPI_Allreduce call beats anything built from
-# Python-level point-to-point calls: the MPI library's own recursive doubling
-# costs a few microseconds, each of our messages costs about as much again in
-# Python overhead.
-NATIVE_MAX_BYTES = 1 << 62
+# Fixed defaults, measured with ``make bench`` (float32 sum, MPICH wheel,
+# p = 2 and 4 on a 2-core machine; docs/algorithms.md has the tables).
+#
+# Short messages: MPI_Allreduce. Each point-to-point message our algorithms
+# send costs microseconds of Python, several times MPICH's whole
+# shared-memory all-reduce, so nothing built from them wins here.
+#
+# Long messages: the pipelined ring. MPICH's shared-memory MPI_Allreduce
+# (Rabenseifner at these sizes) copies every message through a bounded
+# shared-memory queue and reduces in one pass after it; the ring overlaps
+# the reduction of one segment with the transfer of the next, and measured
+# here it is faster from a few hundred KiB on. It takes over when the
+# message is at least RING_MIN_BYTES *and* each rank's block is at least
+# RING_MIN_BLOCK_BYTES: the ring's 2(p-1) latency terms grow with p, so on
+# large communicators it needs proportionally longer messages.
+RING_MIN_BYTES = 1 << 20
+RING_MIN_BLOCK_BYTES = 512 << 10
 # float16/bfloat16 have no MPI datatype, so a native call runs a Python
 # callback per chunk; our algorithms with the C kernels win from small sizes.
 SMALL_MESSAGE_BYTES = 64 << 10
@@ -27,31 +42,90 @@ SMALL_MESSAGE_BYTES = 64 << 10
 class Choice(NamedTuple):
     name: str
     reason: str
+    # A knob for the chosen algorithm (the ring's), from a tuning profile.
+    segment_bytes: Optional[int] = None
 
 
+def _registered(name: str) -> bool:
+    # Imported late, by submodule (mpicoll.algorithms the attribute is the
+    # public function): keeps this module importable on its own.
+    from .algorithms import has
+
+    return has("allreduce", name)
+
+
+# Memoised: "auto" asks on every call, and building the reason string costs
+# microseconds, as much as a short native MPI_Allreduce. The answer depends
+# only on the arguments (a profile is immutable once loaded; the registry
+# is filled at import), so caching does not change it; call
+# ``allreduce.cache_clear()`` after registering an algorithm late.
+@functools.lru_cache(maxsize=4096)
 def allreduce(p: int, nbytes: int, op: str, dtype: str, *, native_dtype: bool = True,
-              ranks_per_node: int = 1, nodes: int = 1) -> Choice:
+              profile=None, available=None, ranks_per_node: int = 1, nodes: int = 1) -> Choice:
     """The all-reduce algorithm for ``p`` ranks and an ``nbytes`` message.
 
     ``ranks_per_node`` (the largest node) and ``nodes`` describe the layout
-    (``mpicoll.node``); the defaults mean "one rank per node"."""
+    (``mpicoll.node``); the defaults mean "one rank per node".
+
+    ``profile`` is a loaded ``mpicoll.profile.Profile`` (or None): its
+    first matching rule decides, then its fitted model, then the fixed
+    defaults below. ``available(name)`` says which algorithms exist
+    (default: the registry); a profile naming a missing one is passed over.
+    """
     if p == 1:
         return Choice("mpi", "one rank: nothing to exchange")
+    available = available or _registered
+    if profile is not None:
+        choice = _from_profile(profile, p, nbytes, native_dtype, available)
+        if choice is not None:
+            return choice
     shared = _shared_memory_rule(nbytes, ranks_per_node, nodes)
-    if shared is not None:
+    if shared is not None and available(shared.name):
         return shared
+    return _default(p, nbytes, dtype, native_dtype, available)
+
+
+def _default(p, nbytes, dtype, native_dtype, available) -> Choice:
+    """The fixed decision (no profile, or no profile entry for this case)."""
     if native_dtype:
-        if nbytes <= NATIVE_MAX_BYTES:
-            return Choice("mpi", f"{dtype} is native to MPI and the message is at most "
-                                 f"{NATIVE_MAX_BYTES} bytes: MPI_Allreduce has the least overhead")
-    if nbytes <= SMALL_MESSAGE_BYTES:
-        return Choice("recursive_doubling", f"no native MPI reduction for {dtype} and a short message "
+        if nbytes >= RING_MIN_BYTES and nbytes >= RING_MIN_BLOCK_BYTES * p and available("ring"):
+            return Choice("ring", f"default: long message ({nbytes} B >= {RING_MIN_BYTES} B, blocks of >= "
+                                  f"{RING_MIN_BLOCK_BYTES} B per rank): the pipelined ring overlaps reduction "
+                                  "and transfer and beat MPI_Allreduce in the measurements")
+        return Choice("mpi", f"default: {dtype} is native to MPI and the message is short for p={p} "
+                             f"(ring from {max(RING_MIN_BYTES, RING_MIN_BLOCK_BYTES * p)} B): "
+                             "MPI_Allreduce has the least per-call overhead")
+    if nbytes <= SMALL_MESSAGE_BYTES and available("recursive_doubling"):
+        return Choice("recursive_doubling", f"default: no native MPI reduction for {dtype} and a short message "
                                             f"(<= {SMALL_MESSAGE_BYTES} B): log2(p) exchanges of the vector")
-    if p & (p - 1) == 0:
-        return Choice("rabenseifner", f"long message on a power-of-two p={p}: halving/doubling moves "
+    if p & (p - 1) == 0 and available("rabenseifner"):
+        return Choice("rabenseifner", f"default: long message on a power-of-two p={p}: halving/doubling moves "
                                       "2(p-1)/p n bytes in 2 log2(p) steps")
-    return Choice("ring", f"long message on p={p} (not a power of two): the ring moves 2(p-1)/p n bytes "
-                          "with no fold-in")
+    if available("ring"):
+        return Choice("ring", f"default: long message on p={p} (not a power of two): the ring moves "
+                              "2(p-1)/p n bytes with no fold-in")
+    return Choice("mpi", "default: MPI's own all-reduce (no point-to-point algorithm is registered)")
+
+
+def _from_profile(profile, p, nbytes, native_dtype, available) -> Optional[Choice]:
+    where = profile.path or "tuning profile"
+    rule = profile.lookup(p, nbytes, native_dtype, available)
+    if rule is not None:
+        what = "measured on this machine" if rule.source == "measured" else "predicted by the fitted cost model"
+        note = f": {rule.note}" if rule.note else ""
+        return Choice(rule.algorithm, f"profile entry ({what}) in {where}: {rule.describe()}{note}",
+                      rule.segment_bytes)
+    model = getattr(profile, "model", None)
+    if model is None or not native_dtype:  # the model is fitted on native dtypes only
+        return None
+    from . import model as _model
+
+    candidates = [a for a in _model.P2P + ("mpi",) if available(a) and _model.family(a) in model.params]
+    if not candidates:
+        return None
+    t, name = _model.best(model, p, nbytes, candidates)
+    return Choice(name, f"model fitted in {where} (no rule covers p={p}, {nbytes} B): "
+                        f"predicted {t * 1e6:.1f} us, the least of {', '.join(candidates)}")
 
 
 def simple(collective: str, p: int, nbytes: int, *, native_dtype: bool = True) -> Choice:

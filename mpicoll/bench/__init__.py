@@ -1,8 +1,12 @@
 """mpicoll's benchmarks.
 
+    mpiexec -n 4 python -m mpicoll.bench [allreduce] [--sizes 8:64M] [--json F] [--csv F] [--plot F.png] [--explain]
+                                                   # every all-reduce algorithm vs MPI_Allreduce (the default)
     python -m mpicoll.bench kernels [--mib 16]     # C kernels vs numpy, no MPI needed
     mpiexec -n 4 python -m mpi4py -m mpicoll.bench compression   # fp16/bf16/top-k: time and bytes sent
     mpiexec -n 4 python -m mpi4py -m mpicoll.bench bucketing     # fused buckets vs one all-reduce per array
+
+``python -m mpicoll.bench allreduce --help`` lists every option.
 """
 from __future__ import annotations
 
@@ -11,6 +15,9 @@ import sys
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0
     if argv and argv[0] == "kernels":
         from .kernels import main as kernels_main
 
@@ -27,5 +34,11 @@ def main(argv=None) -> int:
         from .overlap import main as overlap_main
 
         return overlap_main(argv[1:])
-    print(__doc__.strip())
-    return 2
+    if argv and argv[0] == "allreduce":
+        argv = argv[1:]
+    elif argv and not argv[0].startswith("-"):
+        print(__doc__.strip())
+        return 2
+    from .allreduce import main as allreduce_main
+
+    return allreduce_main(argv)

@@ -1,0 +1,315 @@
+"""The alpha-beta-gamma cost model of the all-reduce algorithms.
+
+A message of ``m`` bytes costs ``alpha + m beta``; combining ``m`` bytes
+costs ``m gamma`` (Hockney's model with Thakur, Rabenseifner & Gropp's
+reduction term, "Optimization of Collective Communication Operations in
+MPICH", 2005). The time of one all-reduce is the cost of its *critical
+path*, the longest chain of messages and combines any rank waits on:
+
+    T = o + M alpha + W beta + R gamma
+
+with ``M`` messages, ``W`` bytes sent and ``R`` bytes combined along that
+path (``terms()``), and ``o`` the fixed cost of one call (argument checks,
+Python, the MPI library's entry; measured here it is tens of microseconds,
+as large as several alphas, so leaving it out would bias alpha).
+
+``n`` is the message size in bytes, ``p`` the number of ranks,
+``pof2`` the largest power of two <= p, ``rem = p - pof2``, ``lg = log2(pof2)``,
+``fold = 1`` when p is not a power of two (else 0):
+
+=====================  =====================  ==========================  =====================
+algorithm              M (messages)           W (bytes on the wire)       R (bytes combined)
+=====================  =====================  ==========================  =====================
+ring                   (p-1)(segs+1)          2 (p-1)/p n                 (p-1)/p n
+tree (reduce + bcast)  2 ceil(log2 p)         2 ceil(log2 p) n            ceil(log2 p) n
+recursive_doubling     lg + 2 fold            (lg + 2 fold) n             (lg + fold) n
+rabenseifner           2 lg + 2 fold          2 (pof2-1)/pof2 n + 2 fold n  (pof2-1)/pof2 n + fold n
+mpi (MPICH)            recursive doubling for n <= 2048 B or count < pof2, else Rabenseifner
+=====================  =====================  ==========================  =====================
+
+``segs`` is the number of pipeline segments per ring block
+(``ceil(ceil(n/p) / segment_bytes)``): each costs an extra message in the
+reduce-scatter half. The ring and Rabenseifner fall back to recursive
+doubling with fewer elements than ranks, as the implementations do.
+
+Three parameter sets are fitted, since the costs per message differ by an
+order of magnitude: ``p2p`` for mpicoll's algorithms (point-to-point calls
+from Python), ``native`` for MPI_Allreduce called directly and ``mpi`` for
+the same through mpicoll's API (the same formulas, a larger ``o``).
+``fit()`` finds (o, alpha, beta, gamma) >= 0 by least squares on relative
+errors (so that 10 us and 1 s measurements weigh alike), from the rows the
+benchmark writes.
+
+    python -m mpicoll.model --profile bench-out/tuning.json --p 16,64,256,1024,4096
+    python -m mpicoll.model --fit bench-out/bench-p2.json bench-out/bench-p3.json bench-out/bench-p4.json
+
+print predicted times at process counts this machine cannot run (the
+second fits the model to bench results first and prints measured against
+predicted times).
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+from typing import Dict, Iterable, NamedTuple, Optional
+
+import numpy as np
+
+P2P = ("ring", "tree", "recursive_doubling", "rabenseifner")
+NATIVE = ("mpi", "MPI_Allreduce")
+# MPICH's MPIR_CVAR_ALLREDUCE_SHORT_MSG_SIZE: at most this many bytes,
+# MPIR_Allreduce_intra_auto runs recursive doubling.
+MPICH_SHORT_MSG = 2048
+# The ring's default segment (mpicoll.algorithms.ring.SEGMENT_BYTES); a
+# copy, so the model stays importable without MPI.
+RING_SEGMENT_BYTES = 1 << 20
+
+
+class Params(NamedTuple):
+    """Seconds per call, per message, per byte sent, per byte combined."""
+
+    o: float
+    alpha: float
+    beta: float
+    gamma: float
+
+    def time(self, t: "Terms") -> float:
+        return self.o + self.alpha * t.messages + self.beta * t.wire + self.gamma * t.combined
+
+
+class Terms(NamedTuple):
+    """Critical-path counts of one all-reduce (see the module docstring)."""
+
+    messages: float
+    wire: float  # bytes sent
+    combined: float  # bytes combined
+
+
+def _pof2(p: int) -> int:
+    return 1 << (p.bit_length() - 1)
+
+
+def _log2_ceil(p: int) -> int:
+    return (p - 1).bit_length()
+
+
+def terms(algorithm: str, p: int, nbytes: int, itemsize: int = 4, *,
+          segment_bytes: Optional[int] = None) -> Terms:
+    """M, W, R of ``algorithm`` on ``p`` ranks for an ``nbytes`` message."""
+    if p < 1 or nbytes < 0:
+        raise ValueError(f"model: need p >= 1 and nbytes >= 0, got p={p}, nbytes={nbytes}")
+    if p == 1:
+        return Terms(0, 0, 0)
+    n = float(nbytes)
+    count = nbytes // itemsize
+    pof2 = _pof2(p)
+    lg = pof2.bit_length() - 1
+    fold = 1 if p != pof2 else 0
+    if algorithm == "ring":
+        if count < p:
+            return terms("recursive_doubling", p, nbytes, itemsize)
+        seg = segment_bytes or RING_SEGMENT_BYTES
+        block = -(-count // p) * itemsize
+        segs = max(1, -(-block // seg))
+        return Terms((p - 1) * (segs + 1), 2 * (p - 1) / p * n, (p - 1) / p * n)
+    if algorithm == "tree":
+        k = _log2_ceil(p)
+        return Terms(2 * k, 2 * k * n, k * n)
+    if algorithm == "recursive_doubling":
+        return Terms(lg + 2 * fold, (lg + 2 * fold) * n, (lg + fold) * n)
+    if algorithm == "rabenseifner":
+        if count < pof2:
+            return terms("recursive_doubling", p, nbytes, itemsize)
+        share = (pof2 - 1) / pof2 * n
+        return Terms(2 * lg + 2 * fold, 2 * share + 2 * fold * n, share + fold * n)
+    if algorithm in NATIVE:
+        return terms(mpich_choice(p, nbytes, itemsize), p, nbytes, itemsize)
+    raise ValueError(f"model: no cost formula for algorithm {algorithm!r}; known: {', '.join(P2P + NATIVE)}")
+
+
+def mpich_choice(p: int, nbytes: int, itemsize: int = 4) -> str:
+    """What MPICH's MPIR_Allreduce_intra_auto runs for a commutative builtin op."""
+    if nbytes <= MPICH_SHORT_MSG or nbytes // itemsize < _pof2(p):
+        return "recursive_doubling"
+    return "rabenseifner"
+
+
+def family(algorithm: str) -> str:
+    """Which parameter set prices ``algorithm``: ``p2p`` (mpicoll's own
+    algorithms), ``mpi`` (MPI_Allreduce through mpicoll's API) or
+    ``native`` (MPI_Allreduce called directly)."""
+    if algorithm == "MPI_Allreduce":
+        return "native"
+    return "mpi" if algorithm == "mpi" else "p2p"
+
+
+class Model(NamedTuple):
+    """Fitted parameters per family, and how well they fit."""
+
+    params: Dict[str, Params]
+    rms_rel_error: Dict[str, float]
+
+    def predict(self, algorithm: str, p: int, nbytes: int, itemsize: int = 4, *,
+                segment_bytes: Optional[int] = None) -> float:
+        fam = family(algorithm)
+        if fam not in self.params:
+            raise ValueError(f"model: no fitted parameters for {fam} algorithms ({algorithm})")
+        return self.params[fam].time(terms(algorithm, p, nbytes, itemsize, segment_bytes=segment_bytes))
+
+    def to_json(self) -> dict:
+        return {"params": {k: v._asdict() for k, v in self.params.items()},
+                "rms_rel_error": dict(self.rms_rel_error)}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Model":
+        try:
+            params = {k: Params(**{f: float(v[f]) for f in Params._fields}) for k, v in d["params"].items()}
+            err = {k: float(v) for k, v in d.get("rms_rel_error", {}).items()}
+        except (KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"model: malformed model parameters: {e!r}") from None
+        return cls(params, err)
+
+
+def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Least squares with x >= 0 for a handful of unknowns: the best
+    unconstrained solution over every subset of free variables that comes
+    out non-negative (the optimum of a convex problem is one of them)."""
+    k = a.shape[1]
+    best, best_res = np.zeros(k), float(np.sum(b * b))
+    for r in range(1, k + 1):
+        for cols in itertools.combinations(range(k), r):
+            sol, *_ = np.linalg.lstsq(a[:, cols], b, rcond=None)
+            if np.any(sol < 0):
+                continue
+            x = np.zeros(k)
+            x[list(cols)] = sol
+            res = float(np.sum((a @ x - b) ** 2))
+            if res < best_res:
+                best, best_res = x, res
+    return best
+
+
+def fit(rows: Iterable[dict]) -> Model:
+    """Fit (o, alpha, beta, gamma) per family from measurement rows.
+
+    Each row needs ``algorithm``, ``p``, ``bytes``, ``time_s`` and may give
+    ``itemsize`` and ``segment_bytes``; rows of algorithms without a formula
+    (``auto``, or ones registered later) are skipped.
+    """
+    by_family: Dict[str, list] = {}
+    for r in rows:
+        alg = r["algorithm"]
+        if alg not in P2P + NATIVE or r["time_s"] <= 0 or r["p"] < 2:
+            continue
+        t = terms(alg, int(r["p"]), int(r["bytes"]), int(r.get("itemsize", 4)),
+                  segment_bytes=r.get("segment_bytes"))
+        by_family.setdefault(family(alg), []).append(([1.0, t.messages, t.wire, t.combined], float(r["time_s"])))
+    params, err = {}, {}
+    for fam, data in by_family.items():
+        a = np.array([x for x, _ in data])
+        t = np.array([y for _, y in data])
+        # Divide each equation by its measured time: minimises relative error.
+        sol = _nnls(a / t[:, None], np.ones_like(t))
+        params[fam] = Params(*map(float, sol))
+        rel = (a @ sol - t) / t
+        err[fam] = float(np.sqrt(np.mean(rel ** 2)))
+    return Model(params, err)
+
+
+def best(model: Model, p: int, nbytes: int, candidates: Iterable[str], itemsize: int = 4) -> tuple:
+    """(predicted seconds, algorithm) of the fastest candidate the model can price."""
+    priced = [(model.predict(a, p, nbytes, itemsize), a) for a in candidates
+              if (a in P2P or a in NATIVE) and family(a) in model.params]
+    if not priced:
+        raise ValueError("model: none of the candidates has a cost formula and fitted parameters")
+    return min(priced)
+
+
+def rows_from_bench(result: dict, mode: str = "out") -> list:
+    """Measurement rows for ``fit()`` from a ``python -m mpicoll.bench --json`` result."""
+    meta = result["meta"]
+    return [{"p": meta["p"], "bytes": r["bytes"], "algorithm": r["algorithm"], "time_s": r["time_us"] * 1e-6,
+             "itemsize": meta.get("itemsize", 4)} for r in result["rows"]
+            if r["mode"] == mode and r["algorithm"] in P2P + NATIVE]
+
+
+def compare(model: Model, rows: Iterable[dict]) -> Dict[tuple, dict]:
+    """Measured vs predicted per (p, algorithm): rms and max relative error
+    (prediction / measurement - 1), and the per-size pairs."""
+    out: Dict[tuple, dict] = {}
+    for r in rows:
+        key = (r["p"], r["algorithm"])
+        pred = model.predict(r["algorithm"], r["p"], r["bytes"], r.get("itemsize", 4),
+                             segment_bytes=r.get("segment_bytes"))
+        out.setdefault(key, {"pairs": []})["pairs"].append((r["bytes"], r["time_s"], pred))
+    for v in out.values():
+        rel = np.array([pr / t - 1 for _, t, pr in v["pairs"]])
+        v["rms"] = float(np.sqrt(np.mean(rel ** 2)))
+        v["max"] = float(np.max(np.abs(rel)))
+    return out
+
+
+def _print_params(model: Model) -> None:
+    for fam, prm in model.params.items():
+        print(f"  {fam:<7} o={prm.o * 1e6:.2f} us  alpha={prm.alpha * 1e6:.2f} us  "
+              f"beta={prm.beta * 1e9:.3f} ns/B ({1 / prm.beta / 1e9 if prm.beta else math.inf:.2f} GB/s)  "
+              f"gamma={prm.gamma * 1e9:.3f} ns/B  fit rms rel. error {model.rms_rel_error.get(fam, math.nan):.0%}")
+
+
+def main(argv=None) -> int:
+    import json
+
+    from . import profile as _profile
+
+    ap = argparse.ArgumentParser(prog="python -m mpicoll.model",
+                                 description="Fit the cost model to bench results, or predict from a profile's model.")
+    ap.add_argument("--profile", default=None,
+                    help="tuning profile whose model to use (default: MPICOLL_TUNING_FILE or the per-user one)")
+    ap.add_argument("--fit", nargs="+", metavar="BENCH.json",
+                    help="fit to these bench --json results instead, and print measured vs predicted")
+    ap.add_argument("--p", default="16,64,256,1024,4096", help="comma-separated process counts to predict")
+    ap.add_argument("--sizes", default="8,4096,65536,1048576,16777216,268435456", help="message sizes in bytes")
+    args = ap.parse_args(argv)
+    if args.fit:
+        rows = []
+        for f in args.fit:
+            with open(f) as fh:
+                rows += rows_from_bench(json.load(fh))
+        model = fit(rows)
+        print(f"model fitted to {len(rows)} measurements from {', '.join(args.fit)}")
+        _print_params(model)
+        cmp = compare(model, rows)
+        sizes = sorted({r["bytes"] for r in rows})
+        print("measured vs predicted (us); rel. error = predicted / measured - 1")
+        print(f"{'p':>3} {'algorithm':<19} {'rms':>5} {'max':>5}  " + " ".join(f"{n:>15}" for n in sizes))
+        for (p, alg), v in sorted(cmp.items()):
+            cells = {n: f"{t * 1e6:.0f}/{pr * 1e6:.0f}" for n, t, pr in v["pairs"]}
+            print(f"{p:>3} {alg:<19} {v['rms']:>5.0%} {v['max']:>5.0%}  " +
+                  " ".join(f"{cells.get(n, '-'):>15}" for n in sizes))
+        for p in sorted({k[0] for k in cmp}):
+            errs = [x for (pp, _), v in cmp.items() if pp == p for x in
+                    [pr / t - 1 for _, t, pr in v["pairs"]]]
+            print(f"p={p}: rms relative error {np.sqrt(np.mean(np.square(errs))):.0%} over {len(errs)} points, "
+                  f"median |error| {np.median(np.abs(errs)):.0%}")
+    else:
+        path = args.profile or _profile.path()
+        prof = _profile.load(path)
+        if prof.model is None:
+            print(f"{path}: no fitted model in this profile")
+            return 1
+        model = prof.model
+        print(f"model from {path}")
+        _print_params(model)
+    algs = [a for a in P2P + ("mpi",) if family(a) in model.params]
+    print(f"predicted time (us) at process counts not measured here:")
+    print(f"{'p':>6} {'bytes':>11} " + " ".join(f"{a[:12]:>12}" for a in algs) + "  best")
+    for p in (int(s) for s in args.p.split(",")):
+        for n in (int(s) for s in args.sizes.split(",")):
+            ts = [model.predict(a, p, n) for a in algs]
+            print(f"{p:>6} {n:>11} " + " ".join(f"{t * 1e6:>12.1f}" for t in ts) + f"  {algs[int(np.argmin(ts))]}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
