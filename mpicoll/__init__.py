@@ -25,5 +25,6 @@ def algorithms(collective: str = "allreduce") -> list:
     return _algorithms.names(collective)
 
 
-__all__ = ["allreduce", "reduce_scatter", "allgather", "bcast", "reduce", "explain",
-           "algorithms", "MismatchError", "__version__"]
+__all__ = ["allreduce", "reduce_scatter", "allgather", "bcast", "reduce", "explain", "algorithms",
+           "iallreduce", "waitall", "Request", "Comm", "GradientBucketer", "HalfPrecision", "TopK",
+           "MismatchError", "__version__"]

@@ -17,12 +17,11 @@ the same order).
 from __future__ import annotations
 
 import functools
-import os
 
 import numpy as np
 
 from . import algorithms as _alg
-from . import buffers, select
+from . import _env, buffers, select
 from . import check as _check
 from . import profile as _profile
 from . import ops as _ops
@@ -60,18 +59,8 @@ def _choose_allreduce(p, nbytes, op, dtype, native_dtype, profile, ranks_per_nod
                          ranks_per_node=ranks_per_node, nodes=nodes)
     return c.name, ({"segment_bytes": c.segment_bytes} if c.segment_bytes else _NO_KNOBS)
 
-# os.environ.get encodes the key and goes through two Python-level calls
-# (about 1 us); the encoded mapping behind it is kept in sync by os.environ
-# itself, so read that directly where it exists (CPython on POSIX).
-_ENV_DATA = getattr(os.environ, "_data", None)
-_ENV_KEY = os.environ.encodekey(ENV_ALGORITHM) if _ENV_DATA is not None else None
-
-
 def _forced_algorithm():
-    if _ENV_DATA is not None:
-        value = _ENV_DATA.get(_ENV_KEY)
-        return os.environ.decodevalue(value) if value else None
-    return os.environ.get(ENV_ALGORITHM)
+    return _env.get(ENV_ALGORITHM)
 
 
 def _requested(collective: str, algorithm) -> str:

@@ -28,12 +28,12 @@ see (the same holds for MPI's own collectives).
 """
 from __future__ import annotations
 
-import os
 import zlib
 
 import numpy as np
 from mpi4py import MPI
 
+from . import _env
 from .errors import MismatchError
 
 ENV_CHECK = "MPICOLL_CHECK"
@@ -47,7 +47,7 @@ FIELDS = ("collective", "count", "dtype", "op", "algorithm", "root", "counts")
 def enabled(check=None) -> bool:
     """Whether the pre-flight runs: ``check`` if given, else ``MPICOLL_CHECK``."""
     if check is None:
-        env = os.environ.get(ENV_CHECK, "").strip().lower()
+        env = (_env.get(ENV_CHECK) or "").strip().lower()
         if env in _TRUE:
             return True
         if env in _FALSE:

@@ -302,7 +302,7 @@ def main(argv=None) -> int:
         print(f"model from {path}")
         _print_params(model)
     algs = [a for a in P2P + ("mpi",) if family(a) in model.params]
-    print(f"predicted time (us) at process counts not measured here:")
+    print("predicted time (us) at process counts not measured here:")
     print(f"{'p':>6} {'bytes':>11} " + " ".join(f"{a[:12]:>12}" for a in algs) + "  best")
     for p in (int(s) for s in args.p.split(",")):
         for n in (int(s) for s in args.sizes.split(",")):

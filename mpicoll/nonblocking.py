@@ -58,7 +58,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import buffers
-from .algorithms.common import BYTE, Fold, block_bounds
+from .algorithms.common import BYTE, Fold, block_bounds, split_range
 from .comm import check_intracomm, state
 
 ENV_ALGORITHM = "MPICOLL_ALGORITHM"
@@ -142,7 +142,7 @@ def ring(nb, buf, red, src, tag):
     bounds = block_bounds(buf.size, p)
     longest = max(b - a for a, b in bounds)
     nseg = max(1, -(-longest * buf.itemsize // SEGMENT_BYTES))
-    segs = [_segments(a, b, nseg) for a, b in bounds]
+    segs = [split_range(a, b, nseg) for a, b in bounds]
     # Two receive slots of one block each, owned by this operation.
     slots = np.empty((2, longest), buf.dtype)
 
@@ -178,15 +178,6 @@ def ring(nb, buf, red, src, tag):
         status, _ = yield [rreq, sreq]
         _check_count(status, (rb - ra) * buf.itemsize, left, f"ring allgather step {step}")
 
-
-def _segments(start, stop, nseg):
-    q, rem = divmod(stop - start, nseg)
-    out = []
-    for j in range(nseg):
-        end = start + q + (1 if j < rem else 0)
-        out.append((start, end))
-        start = end
-    return out
 
 
 def recursive_doubling(nb, buf, red, src, tag):

@@ -35,6 +35,8 @@ import os
 import warnings
 from typing import List, NamedTuple, Optional
 
+from . import _env
+
 ENV_TUNING_FILE = "MPICOLL_TUNING_FILE"
 FORMAT = "mpicoll-tuning"
 VERSION = 1
@@ -196,7 +198,7 @@ def current() -> Optional[Profile]:
     once and is ignored, so a bad file can slow a program down but never
     stop it."""
     global _last
-    env = os.environ.get(ENV_TUNING_FILE)
+    env = _env.get(ENV_TUNING_FILE)
     if env == _last[0]:
         return _last[1]
     prof = _current()

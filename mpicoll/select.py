@@ -134,7 +134,7 @@ def simple(collective: str, p: int, nbytes: int, *, native_dtype: bool = True) -
     if native_dtype or collective in ("allgather", "bcast"):
         return Choice("mpi", "the MPI library's own implementation")
     if collective == "reduce_scatter":
-        return Choice("ring", f"no native MPI reduction for this dtype: ring reduce-scatter")
+        return Choice("ring", "no native MPI reduction for this dtype: ring reduce-scatter")
     return Choice("tree", "no native MPI reduction for this dtype: binomial tree")
 
 

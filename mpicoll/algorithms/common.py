@@ -39,6 +39,13 @@ def block_bounds(n: int, p: int) -> list:
     return bounds
 
 
+def split_range(start: int, stop: int, pieces: int) -> list:
+    """[start, stop) cut into ``pieces`` ranges by block_bounds' convention
+    (pipeline segments of one block: sender and receiver cut a block the
+    same way as long as ``pieces`` is the same on both)."""
+    return [(start + a, start + b) for a, b in block_bounds(stop - start, pieces)]
+
+
 def counts_to_bounds(counts) -> list:
     bounds = []
     start = 0

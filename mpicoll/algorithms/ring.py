@@ -41,12 +41,13 @@ Limitations:  With fewer elements than ranks some blocks are empty and the
 """
 from __future__ import annotations
 
+import numpy as np
 from mpi4py import MPI
 
 from . import recursive_doubling, register
 from ..check import is_truncation, size_mismatch
 from .common import (BYTE, TAG_ALLGATHER, TAG_ALLREDUCE, TAG_BCAST, TAG_REDUCE, TAG_REDUCE_SCATTER, block_bounds,
-                     recv, send, sendrecv)
+                     recv, send, sendrecv, split_range)
 
 # Gloo caps ring segments at 1 MiB; measured here, 1 MiB segments cost
 # nothing at 64 MiB and let the reduction overlap the transfers.
@@ -59,7 +60,7 @@ def allreduce(st, buf, red, *, src=None, segment_bytes=SEGMENT_BYTES):
         return recursive_doubling.allreduce(st, buf, red, src=src)
     bounds = block_bounds(buf.size, st.size)
     _reduce_scatter(st, buf, red, bounds, segment_bytes, TAG_ALLREDUCE, src)
-    _allgather(st, buf, bounds, TAG_ALLREDUCE)
+    ring_allgather(st, buf, bounds, TAG_ALLREDUCE)
 
 
 @register("reduce_scatter", "ring")
@@ -69,7 +70,7 @@ def reduce_scatter(st, buf, red, bounds, *, segment_bytes=SEGMENT_BYTES):
 
 @register("allgather", "ring")
 def allgather(st, buf, bounds):
-    _allgather(st, buf, bounds, TAG_ALLGATHER)
+    ring_allgather(st, buf, bounds, TAG_ALLGATHER)
 
 
 @register("reduce", "ring")
@@ -106,19 +107,8 @@ def bcast(st, buf, root):
     else:
         a, b = bounds[r]
         recv(st.comm, buf[a:b], root, TAG_BCAST)
-    _allgather(st, buf, bounds, TAG_BCAST)
+    ring_allgather(st, buf, bounds, TAG_BCAST)
 
-
-def _segments(start, stop, nseg):
-    """Cut [start, stop) into ``nseg`` pieces, array_split style. Sender and
-    receiver of a block compute the same cut since ``nseg`` is global."""
-    q, r = divmod(stop - start, nseg)
-    out = []
-    for j in range(nseg):
-        end = start + q + (1 if j < r else 0)
-        out.append((start, end))
-        start = end
-    return out
 
 
 def _reduce_scatter(st, buf, red, bounds, segment_bytes, tag, src):
@@ -126,19 +116,38 @@ def _reduce_scatter(st, buf, red, bounds, segment_bytes, tag, src):
     rank's own data is read from ``src``: each of its blocks is read exactly
     once (block r-1 is sent, the others are combined), so no copy is needed;
     block r-1 of ``buf`` is left unwritten (the allgather fills it)."""
-    p, r, comm = st.size, st.rank, st.comm
     own = buf if src is None else src
+
+    def combine(a, b, partial):
+        mine = buf[a:b]
+        red.combine(mine, partial, own[a:b])  # partial from the left, then ours
+        return mine
+
+    pipelined_reduce_scatter(st, bounds, buf.dtype, segment_bytes, tag, lambda a, b: own[a:b], combine)
+
+
+def pipelined_reduce_scatter(st, bounds, wire_dtype, segment_bytes, tag, first, combine):
+    """The ring reduce-scatter's message schedule, with the arithmetic left to
+    the caller (the plain ring here, the 16-bit ring in ring_compressed.py).
+
+    ``first(a, b)`` returns what this rank sends for elements [a, b) of its
+    step-0 block (r-1); ``combine(a, b, partial)`` folds the partial received
+    from the left for [a, b) into this rank's data and returns the array to
+    pass on in the next step. Messages carry ``wire_dtype`` elements.
+    """
+    p, r, comm = st.size, st.rank, st.comm
     right, left = (r + 1) % p, (r - 1) % p
+    itemsize = np.dtype(wire_dtype).itemsize
     longest = max(stop - start for start, stop in bounds)
-    seg_elems = max(1, segment_bytes // buf.itemsize)
+    seg_elems = max(1, segment_bytes // itemsize)
     nseg = max(1, -(-longest // seg_elems))
     seg_cap = -(-longest // nseg)
-    tmp = st.scratch("ring", 2 * seg_cap * buf.itemsize).view(buf.dtype)
+    tmp = st.scratch(f"ring-{itemsize}", 2 * seg_cap * itemsize).view(wire_dtype)
     slots = (tmp[:seg_cap], tmp[seg_cap:])
-    segs = [_segments(start, stop, nseg) for start, stop in bounds]
+    segs = [split_range(start, stop, nseg) for start, stop in bounds]
 
     # Step 0 sends this rank's own data for block r-1, all segments at once.
-    sends = [comm.Isend([own[a:b], BYTE], right, tag) for a, b in segs[(r - 1) % p]]
+    sends = [comm.Isend([first(a, b), BYTE], right, tag) for a, b in segs[(r - 1) % p]]
     for step in range(p - 1):
         block = segs[(r - step - 2) % p]
         recvs = [None, None]
@@ -152,25 +161,27 @@ def _reduce_scatter(st, buf, red, bounds, segment_bytes, tag, src):
             post(1)
         for j, (a, b) in enumerate(block):
             status = MPI.Status()
-            mine = buf[a:b]
+            expected = (b - a) * itemsize
             try:
                 recvs[j % 2].Wait(status)
             except MPI.Exception as exc:
                 if is_truncation(exc):
-                    raise size_mismatch(comm, mine.nbytes, -1, left, f"ring step {step}") from exc
+                    raise size_mismatch(comm, expected, -1, left, f"ring step {step}") from exc
                 raise
             got = status.Get_count(BYTE)
-            if got != mine.nbytes:
-                raise size_mismatch(comm, mine.nbytes, got, left, f"ring step {step}")
-            red.combine(mine, slots[j % 2][:b - a], own[a:b])  # partial from the left, then ours
+            if got != expected:
+                raise size_mismatch(comm, expected, got, left, f"ring step {step}")
+            forward = combine(a, b, slots[j % 2][:b - a])
             if j + 2 < nseg:
                 post(j + 2)
             if step < p - 2:  # this segment is what we send in the next step
-                sends.append(comm.Isend([mine, BYTE], right, tag))
+                sends.append(comm.Isend([forward, BYTE], right, tag))
     MPI.Request.Waitall(sends)
 
 
-def _allgather(st, buf, bounds, tag):
+def ring_allgather(st, buf, bounds, tag):
+    """Ring allgather of ``bounds`` blocks in place: in step s rank r passes on
+    block r-s and receives block r-s-1 from its left neighbour."""
     p, r, comm = st.size, st.rank, st.comm
     right, left = (r + 1) % p, (r - 1) % p
     for step in range(p - 1):

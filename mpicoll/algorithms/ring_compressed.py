@@ -38,9 +38,8 @@ Limitations:  sum (and avg through the caller) of float32 only; the caller
 """
 from __future__ import annotations
 
-from mpi4py import MPI
-
-from .common import BYTE, block_bounds, sendrecv
+from .common import block_bounds
+from .ring import pipelined_reduce_scatter, ring_allgather
 
 # As ring.py: 1 MiB segments (of 16-bit data here).
 SEGMENT_BYTES = 1 << 20
@@ -59,61 +58,20 @@ def allreduce(st, src, wire, fmt, divisor, *, segment_bytes=SEGMENT_BYTES):
         return
     bounds = block_bounds(n, p)
     _reduce_scatter(st, src, wire, fmt, divisor, bounds, segment_bytes)
-    _allgather(st, wire, bounds, TAG_COMPRESSED)
+    ring_allgather(st, wire, bounds, TAG_COMPRESSED)
 
 
 def _reduce_scatter(st, src, wire, fmt, divisor, bounds, segment_bytes):
-    """As ring._reduce_scatter, with the combine replaced by the compressed
-    accumulate-and-round (own float32 values + received 16-bit partial)."""
-    p, r, comm = st.size, st.rank, st.comm
-    right, left = (r + 1) % p, (r - 1) % p
-    tag = TAG_COMPRESSED
-    longest = max(stop - start for start, stop in bounds)
-    seg_elems = max(1, segment_bytes // wire.itemsize)
-    nseg = max(1, -(-longest // seg_elems))
-    seg_cap = -(-longest // nseg)
-    tmp = st.scratch("ring_compressed", 2 * seg_cap * wire.itemsize).view(wire.dtype)
-    slots = (tmp[:seg_cap], tmp[seg_cap:])
-    # Same cut on sender and receiver, since nseg is global.
-    segs = [block_bounds(stop - start, nseg) for start, stop in bounds]
-    segs = [[(start + a, start + b) for a, b in cut] for cut, (start, _) in zip(segs, bounds)]
+    """ring.py's schedule with the compressed arithmetic: this rank's float32
+    values plus the received 16-bit partial, added in float32 and rounded
+    once into ``wire`` for sending."""
 
-    sends = []
-    for a, b in segs[(r - 1) % p]:  # step 0: this rank's own block r-1, rounded once
+    def first(a, b):  # step 0: this rank's own block r-1, rounded once
         fmt.accumulate_round(wire[a:b], src[a:b], divisor, None)
-        sends.append(comm.Isend([wire[a:b], BYTE], right, tag))
-    for step in range(p - 1):
-        block = segs[(r - step - 2) % p]
-        recvs = [None, None]
+        return wire[a:b]
 
-        def post(j):
-            a, b = block[j]
-            recvs[j % 2] = comm.Irecv([slots[j % 2][:b - a], BYTE], left, tag)
+    def combine(a, b, partial):
+        fmt.accumulate_round(wire[a:b], src[a:b], divisor, partial)
+        return wire[a:b]
 
-        post(0)
-        if nseg > 1:
-            post(1)
-        for j, (a, b) in enumerate(block):
-            status = MPI.Status()
-            recvs[j % 2].Wait(status)
-            got = status.Get_count(BYTE)
-            if got != (b - a) * wire.itemsize:
-                raise RuntimeError(f"mpicoll: compressed ring step {step}: expected {(b - a) * wire.itemsize} "
-                                   f"bytes from rank {left}, got {got}: the ranks disagree on the message size")
-            fmt.accumulate_round(wire[a:b], src[a:b], divisor, slots[j % 2][:b - a])
-            if j + 2 < nseg:
-                post(j + 2)
-            if step < p - 2:  # this segment is what we send in the next step
-                sends.append(comm.Isend([wire[a:b], BYTE], right, tag))
-    MPI.Request.Waitall(sends)
-
-
-def _allgather(st, wire, bounds, tag):
-    """Ring allgather of the complete 16-bit blocks: in step s rank r passes
-    on block r-s and receives block r-s-1 from its left neighbour."""
-    p, r, comm = st.size, st.rank, st.comm
-    right, left = (r + 1) % p, (r - 1) % p
-    for step in range(p - 1):
-        sa, sb = bounds[(r - step) % p]
-        ra, rb = bounds[(r - step - 1) % p]
-        sendrecv(comm, wire[sa:sb], right, wire[ra:rb], left, tag)
+    pipelined_reduce_scatter(st, bounds, wire.dtype, segment_bytes, TAG_COMPRESSED, first, combine)

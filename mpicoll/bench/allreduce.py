@@ -47,8 +47,10 @@ import mpicoll
 from .. import dtypes as _dtypes
 from .. import kernels as _kernels
 from .. import ops as _ops
-from .. import select as _select
+from .. import api as _api
 from .. import profile as _profile
+from ..comm import state
+from ..node import node_info
 from ..algorithms.mpi import _typed
 from ..kernels import Reduction
 
@@ -353,17 +355,19 @@ def run(comm=None, sizes: Optional[Sequence[int]] = None, algorithms: Optional[S
 
     bw = stream(comm, stream_bytes)
     itemsize = dt.itemsize
-    prof = _profile.current()
     total = len(sizes) * len(algs) * len(modes) * repeat
     show = (rank == 0 and sys.stderr.isatty()) if progress is None else (rank == 0 and progress)
     t_start = time.perf_counter()
     done = 0
     rows, explain = [], {}
+    # auto looks at the node layout (shm/hierarchical); find it now, so that
+    # explain() below reports the choice auto really makes.
+    node_info(state(comm))
     for nbytes in sizes:
         count = max(1, nbytes // itemsize)
         nb = count * itemsize
         warmup, iters = iterations(nb, scale)
-        choice = _select.allreduce(p, nb, o.name, dt.name, native_dtype=dt.mpi is not None, profile=prof)
+        choice = _api.explain(nb, comm=comm, op=o.name, dtype=dt.name)
         explain[nb] = choice
         xbuf, outbuf = np.empty(count, dt.storage), np.empty(count, dt.storage)
         cases = {(a, m): _Case(comm, a, m, red, xbuf, outbuf, dt.name) for a in algs for m in modes}
@@ -417,7 +421,7 @@ def run(comm=None, sizes: Optional[Sequence[int]] = None, algorithms: Optional[S
         "algorithms": algs, "repeat": repeat, "scale": scale, "stat": stat,
         "mpi": " ".join(MPI.Get_library_version().splitlines()[0].split()), "mpicoll": mpicoll.__version__,
         "host": platform.node(), "kernels": _kernels.isa(),
-        "profile": None if prof is None else prof.path,
+        "profile": None if _profile.current() is None else _profile.current().path,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "bound_formula": "T_bound = 2 p n / B_node (B_node: STREAM copy/add, all ranks at once)",
         "wall_s": time.perf_counter() - t_start,
