@@ -13,7 +13,11 @@ def test_layout_defaults_keep_the_old_decision():
 def test_one_node_uses_shm_for_long_messages():
     big = select.SHM_MIN_BYTES
     assert select.allreduce(4, big, "sum", "float32", ranks_per_node=4, nodes=1).name == "shm"
-    assert select.allreduce(2, 64 << 20, "sum", "float16", native_dtype=False, ranks_per_node=2).name == "shm"
+    assert select.allreduce(2, 4 << 20, "sum", "float16", native_dtype=False, ranks_per_node=2).name == "shm"
+    # long blocks per rank: the ring (measured faster there)
+    assert select.allreduce(2, 64 << 20, "sum", "float32", ranks_per_node=2, nodes=1).name == "ring"
+    assert select.allreduce(4, 8 << 20, "sum", "float32", ranks_per_node=4, nodes=1).name == "shm"
+    assert select.allreduce(4, 16 << 20, "sum", "float32", ranks_per_node=4, nodes=1).name == "ring"
     assert select.allreduce(4, big - 1, "sum", "float32", ranks_per_node=4, nodes=1).name != "shm"
 
 
