@@ -59,32 +59,31 @@ def send(comm, buf: np.ndarray, dest: int, tag: int) -> None:
     comm.Send([buf, BYTE], dest, tag)
 
 
-def recv(comm, buf: np.ndarray, source: int, tag: int) -> None:
-    """Receive exactly ``buf.nbytes`` bytes; a shorter message is an error
-    (MPI itself only catches longer ones)."""
+def _exact(comm, call, expected: int, source: int) -> None:
+    """Run ``call(status)`` (a blocking receive of ``expected`` bytes) and
+    raise MismatchError unless exactly that many arrived: MPI reports a
+    longer message as MPI_ERR_TRUNCATE and a shorter one not at all."""
     status = MPI.Status()
     try:
-        comm.Recv([buf, BYTE], source, tag, status)
-    except MPI.Exception as exc:  # a longer message: MPI_ERR_TRUNCATE
+        call(status)
+    except MPI.Exception as exc:
         if is_truncation(exc):
-            raise size_mismatch(comm, buf.nbytes, -1, source) from exc
+            raise size_mismatch(comm, expected, -1, source) from exc
         raise
     got = status.Get_count(BYTE)
-    if got != buf.nbytes:
-        raise size_mismatch(comm, buf.nbytes, got, source)
+    if got != expected:
+        raise size_mismatch(comm, expected, got, source)
+
+
+def recv(comm, buf: np.ndarray, source: int, tag: int) -> None:
+    """Receive exactly ``buf.nbytes`` bytes from ``source``."""
+    _exact(comm, lambda status: comm.Recv([buf, BYTE], source, tag, status), buf.nbytes, source)
 
 
 def sendrecv(comm, sendbuf: np.ndarray, dest: int, recvbuf: np.ndarray, source: int, tag: int) -> None:
-    status = MPI.Status()
-    try:
-        comm.Sendrecv([sendbuf, BYTE], dest, tag, [recvbuf, BYTE], source, tag, status)
-    except MPI.Exception as exc:
-        if is_truncation(exc):
-            raise size_mismatch(comm, recvbuf.nbytes, -1, source) from exc
-        raise
-    got = status.Get_count(BYTE)
-    if got != recvbuf.nbytes:
-        raise size_mismatch(comm, recvbuf.nbytes, got, source)
+    """Send ``sendbuf`` to ``dest`` while receiving exactly ``recvbuf.nbytes`` bytes from ``source``."""
+    _exact(comm, lambda status: comm.Sendrecv([sendbuf, BYTE], dest, tag, [recvbuf, BYTE], source, tag, status),
+           recvbuf.nbytes, source)
 
 
 def scratch_like(st, name: str, n: int, dtype: np.dtype) -> np.ndarray:
