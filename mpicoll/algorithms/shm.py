@@ -71,6 +71,7 @@ from mpi4py import MPI
 from . import register
 from .._kernels import ffi, lib
 from ..node import node_info
+from .common import block_bounds
 
 # Issue bound: never more than this per rank in the window (header included).
 MAX_WINDOW_BYTES = 32 << 20
@@ -207,11 +208,11 @@ def pipeline(st, info, buf, red, src, chunk_bytes, between=None, sync=None) -> N
     w = window(st, info, cap * size, sync or SYNC)
     slots = [[w.slot(r, s).view(dtype) for r in range(k)] for s in (0, 1)]
     own = buf if src is None else src
-    bounds = [_slice(min(cap, n), k, q) for q in range(k)]
+    bounds = block_bounds(min(cap, n), k)
     for c0 in range(0, n, cap):
         m = min(cap, n - c0)
         if m != cap:
-            bounds = [_slice(m, k, q) for q in range(k)]
+            bounds = block_bounds(m, k)
         a, b = bounds[me]
         # The slot alternates across calls too: the next call's first copy-in
         # must not land in the slot a slower rank is still copying out of.
@@ -229,13 +230,6 @@ def pipeline(st, info, buf, red, src, chunk_bytes, between=None, sync=None) -> N
         w.sync()
         for q, (qa, qb) in enumerate(bounds):
             buf[c0 + qa:c0 + qb] = peers[q][qa:qb]
-
-
-def _slice(m: int, k: int, r: int):
-    """Rank r's slice of an m-element chunk, np.array_split's convention."""
-    q, rem = divmod(m, k)
-    a = r * q + min(r, rem)
-    return a, a + q + (1 if r < rem else 0)
 
 
 @register("allreduce", "shm")
