@@ -58,10 +58,10 @@ import numpy as np
 from mpi4py import MPI
 from mpi4py.util import dtlib
 
-from . import algorithms as _alg
-from . import api, nonblocking, select
 from . import dtypes as _dtypes
 from . import ops as _ops
+from . import plan as _plan
+from . import api as _api
 from .comm import state
 
 __all__ = ["Comm"]
@@ -325,8 +325,18 @@ def _in_place(s: _Msg, r: _Msg) -> bool:
 
 
 def _check_algorithm(collective: str, algorithm) -> None:
-    if algorithm != "auto":
-        api._requested(collective, algorithm)
+    _plan.requested(collective, algorithm, _plan.env_settings()[0])
+
+
+def _go(mode: str, build, *args, **kw):
+    """Run a plan builder in one of the three modes: "run" (blocking; the
+    drop-in returns None like mpi4py), "start" (a Request) or "init" (a
+    persistent request)."""
+    if mode == "run":
+        build(*args, **kw).run()
+        return None
+    p = build(*args, nonblocking=True, **kw)
+    return p.start() if mode == "start" else _plan.Persistent(p)
 
 
 # ---- the fast path: plain C-contiguous numpy arrays ------------------------------
@@ -407,35 +417,44 @@ class Comm(MPI.Intracomm):
         return type(self)(super().Create_group(group, tag))
 
     # -- reductions --
-    def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM, *, algorithm="auto"):  # noqa: N802
-        fast = _fast_allreduce(sendbuf, recvbuf, op)
-        if fast is not None:  # plain numpy arrays: the common case, without the general parsing
-            x, out, name = fast
-            api.allreduce(x, name, comm=self, out=out, algorithm=algorithm)
-            return
-        try:
-            plan = self._allreduce_plan(sendbuf, recvbuf, op)
-        except _Native:
-            return super().Allreduce(sendbuf, recvbuf, op)
-        _check_algorithm("allreduce", algorithm)
-        flat, src, dt, o = plan
-        api.allreduce(flat if src is None else src, o, comm=self, out=flat, algorithm=algorithm, dtype=dt.name)
+    # Each collective is one method _x(..., mode) that parses mpi4py's
+    # arguments and builds the plan; Allreduce/Iallreduce/Allreduce_init are
+    # that method in the modes "run", "start" and "init". What mpicoll cannot
+    # serve goes to mpi4py's method of the same mode.
+
+    def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM, *, algorithm="auto"):  # noqa: N802 (mpi4py's names)
+        return self._allreduce(sendbuf, recvbuf, op, algorithm, "run")
 
     def Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM, *, algorithm="auto"):  # noqa: N802
         """Returns an ``mpicoll.Request`` (``Wait``/``Test``/``wait``/``test``;
         ``mpicoll.waitall`` for several); a native fallback returns mpi4py's
         ``MPI.Request``."""
+        return self._allreduce(sendbuf, recvbuf, op, algorithm, "start")
+
+    def Allreduce_init(self, sendbuf, recvbuf, op=MPI.SUM, info=MPI.INFO_NULL, *, algorithm="auto"):  # noqa: N802
+        """A persistent all-reduce (``Start``/``Wait``/``Test``), an
+        ``mpicoll.Persistent``; a native fallback returns mpi4py's ``MPI.Prequest``."""
+        return self._allreduce(sendbuf, recvbuf, op, algorithm, "init", info)
+
+    def _allreduce(self, sendbuf, recvbuf, op, algorithm, mode, info=MPI.INFO_NULL):
         fast = _fast_allreduce(sendbuf, recvbuf, op)
-        if fast is not None:
+        if fast is not None:  # plain numpy arrays: the common case, without the general parsing
             x, out, name = fast
-            return nonblocking.iallreduce(x, name, comm=self, out=out, algorithm=algorithm)
+            if mode == "run":
+                _api.allreduce(x, name, comm=self, out=out, algorithm=algorithm)
+                return None
+            return _go(mode, _plan.allreduce, x, name, comm=self, out=out, algorithm=algorithm)
         try:
             plan = self._allreduce_plan(sendbuf, recvbuf, op)
         except _Native:
-            return super().Iallreduce(sendbuf, recvbuf, op)
+            if mode == "run":
+                return super().Allreduce(sendbuf, recvbuf, op)
+            if mode == "start":
+                return super().Iallreduce(sendbuf, recvbuf, op)
+            return super().Allreduce_init(sendbuf, recvbuf, op, info)
         flat, src, dt, o = plan
-        return nonblocking.iallreduce(flat if src is None else src, o, comm=self, out=flat,
-                                      algorithm=algorithm, dtype=dt.name)
+        return _go(mode, _plan.allreduce, flat if src is None else src, o, comm=self, out=flat, algorithm=algorithm,
+                   dtype=dt.name)
 
     def _allreduce_plan(self, sendbuf, recvbuf, op):
         if not isinstance(op, MPI.Op):
@@ -454,6 +473,15 @@ class Comm(MPI.Intracomm):
         return r.data(), src, dt, o
 
     def Reduce(self, sendbuf, recvbuf, op=MPI.SUM, root=0, *, algorithm="auto"):  # noqa: N802
+        return self._reduce(sendbuf, recvbuf, op, root, algorithm, "run")
+
+    def Ireduce(self, sendbuf, recvbuf, op=MPI.SUM, root=0, *, algorithm="auto"):  # noqa: N802
+        return self._reduce(sendbuf, recvbuf, op, root, algorithm, "start")
+
+    def Reduce_init(self, sendbuf, recvbuf, op=MPI.SUM, root=0, info=MPI.INFO_NULL, *, algorithm="auto"):  # noqa: N802
+        return self._reduce(sendbuf, recvbuf, op, root, algorithm, "init", info)
+
+    def _reduce(self, sendbuf, recvbuf, op, root, algorithm, mode, info=MPI.INFO_NULL):
         try:
             if not isinstance(op, MPI.Op) or not isinstance(root, (int, np.integer)) or isinstance(root, bool):
                 raise _Native  # mpi4py's TypeError
@@ -476,11 +504,24 @@ class Comm(MPI.Intracomm):
                 dt, o = _kernel_dtype(s.datatype, op)
                 x, out = s.raw[:s.nbytes].view(dt.storage), None
         except _Native:
-            return super().Reduce(sendbuf, recvbuf, op, root)
-        _check_algorithm("reduce", algorithm)
-        api.reduce(x, o, root, comm=self, out=out, algorithm=algorithm, dtype=dt.name)
+            if mode == "run":
+                return super().Reduce(sendbuf, recvbuf, op, root)
+            if mode == "start":
+                return super().Ireduce(sendbuf, recvbuf, op, root)
+            return super().Reduce_init(sendbuf, recvbuf, op, root, info)
+        return _go(mode, _plan.reduce, x, o, root, comm=self, out=out, algorithm=algorithm, dtype=dt.name)
 
     def Reduce_scatter_block(self, sendbuf, recvbuf, op=MPI.SUM, *, algorithm="auto"):  # noqa: N802
+        return self._reduce_scatter_block(sendbuf, recvbuf, op, algorithm, "run")
+
+    def Ireduce_scatter_block(self, sendbuf, recvbuf, op=MPI.SUM, *, algorithm="auto"):  # noqa: N802
+        return self._reduce_scatter_block(sendbuf, recvbuf, op, algorithm, "start")
+
+    def Reduce_scatter_block_init(self, sendbuf, recvbuf, op=MPI.SUM, info=MPI.INFO_NULL, *,  # noqa: N802
+                                  algorithm="auto"):
+        return self._reduce_scatter_block(sendbuf, recvbuf, op, algorithm, "init", info)
+
+    def _reduce_scatter_block(self, sendbuf, recvbuf, op, algorithm, mode, info=MPI.INFO_NULL):
         try:
             if not isinstance(op, MPI.Op):
                 raise _Native
@@ -506,9 +547,13 @@ class Comm(MPI.Intracomm):
                         raise ValueError("mpicoll: send and receive buffers partially overlap")
                     out = x[:r.count]
         except _Native:
-            return super().Reduce_scatter_block(sendbuf, recvbuf, op)
-        _check_algorithm("reduce_scatter", algorithm)
-        api.reduce_scatter(x, o, comm=self, counts=[r.count] * p, out=out, algorithm=algorithm, dtype=dt.name)
+            if mode == "run":
+                return super().Reduce_scatter_block(sendbuf, recvbuf, op)
+            if mode == "start":
+                return super().Ireduce_scatter_block(sendbuf, recvbuf, op)
+            return super().Reduce_scatter_block_init(sendbuf, recvbuf, op, info)
+        return _go(mode, _plan.reduce_scatter, x, o, comm=self, counts=[r.count] * p, out=out, algorithm=algorithm,
+                   dtype=dt.name)
 
     def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM, *, algorithm="auto"):  # noqa: N802
         try:
@@ -521,7 +566,13 @@ class Comm(MPI.Intracomm):
             if s is not None and s.nbytes and r.nbytes and s.address == r.address:
                 in_place = True
             dt, o = _kernel_dtype(r.datatype, op)
+            if s is not None and not in_place and s.datatype != r.datatype:
+                raise ValueError("mismatch in send and receive MPI datatypes")
             if recvcounts is None and not in_place:
+                # Every local check that needs no counts comes first: the
+                # allgather below is collective, and a rank that raised
+                # after it would leave the others in the reduce-scatter.
+                _check_algorithm("reduce_scatter", algorithm)
                 counts = state(self).comm.allgather(r.count)  # as mpi4py does, on our private duplicate
             else:
                 if recvcounts is None:
@@ -533,8 +584,6 @@ class Comm(MPI.Intracomm):
                     raise ValueError(f"expecting {p} items, got {len(counts)}")
             total = sum(counts)
             if not in_place:
-                if s.datatype != r.datatype:
-                    raise ValueError("mismatch in send and receive MPI datatypes")
                 if s.count != total:
                     raise ValueError(f"mismatch in send count {s.count} and sum(counts) {total}")
                 if r.count != counts[rank]:
@@ -555,10 +604,19 @@ class Comm(MPI.Intracomm):
         except _Native:
             return super().Reduce_scatter(sendbuf, recvbuf, recvcounts, op)
         _check_algorithm("reduce_scatter", algorithm)
-        api.reduce_scatter(x, o, comm=self, counts=counts, out=out, algorithm=algorithm, dtype=dt.name)
+        _plan.reduce_scatter(x, o, comm=self, counts=counts, out=out, algorithm=algorithm, dtype=dt.name).run()
 
     # -- data movement (any predefined datatype: nothing is reduced) --
     def Bcast(self, buf, root=0, *, algorithm="auto"):  # noqa: N802
+        return self._bcast(buf, root, algorithm, "run")
+
+    def Ibcast(self, buf, root=0, *, algorithm="auto"):  # noqa: N802
+        return self._bcast(buf, root, algorithm, "start")
+
+    def Bcast_init(self, buf, root=0, info=MPI.INFO_NULL, *, algorithm="auto"):  # noqa: N802
+        return self._bcast(buf, root, algorithm, "init", info)
+
+    def _bcast(self, buf, root, algorithm, mode, info=MPI.INFO_NULL):
         try:
             if not isinstance(root, (int, np.integer)) or isinstance(root, bool):
                 raise _Native
@@ -570,35 +628,54 @@ class Comm(MPI.Intracomm):
             if is_root and not data.flags.writeable:
                 data = data.copy()  # root only sends, but mpicoll.bcast wants a writable buffer
         except _Native:
-            return super().Bcast(buf, root)
-        _check_algorithm("bcast", algorithm)
-        api.bcast(data, root, comm=self, algorithm=algorithm)
+            if mode == "run":
+                return super().Bcast(buf, root)
+            if mode == "start":
+                return super().Ibcast(buf, root)
+            return super().Bcast_init(buf, root, info)
+        return _go(mode, _plan.bcast, data, root, comm=self, algorithm=algorithm)
 
     def Allgather(self, sendbuf, recvbuf, *, algorithm="auto"):  # noqa: N802
+        return self._allgather(sendbuf, recvbuf, algorithm, "run")
+
+    def Iallgather(self, sendbuf, recvbuf, *, algorithm="auto"):  # noqa: N802
+        return self._allgather(sendbuf, recvbuf, algorithm, "start")
+
+    def Allgather_init(self, sendbuf, recvbuf, info=MPI.INFO_NULL, *, algorithm="auto"):  # noqa: N802
+        return self._allgather(sendbuf, recvbuf, algorithm, "init", info)
+
+    def _allgather(self, sendbuf, recvbuf, algorithm, mode, info=MPI.INFO_NULL):
         try:
             p, rank = self.Get_size(), self.Get_rank()
             r = parse(recvbuf, writable=True, blocks=p)
             block = r.nbytes
             flat = r.raw[:block * p]
-            if _in_place_arg(sendbuf):
-                s = None
-            else:
+            mine, in_place = None, True
+            if not _in_place_arg(sendbuf):
                 s = parse(sendbuf, writable=False)
                 if s.nbytes != block:
                     raise _Native  # a type-signature mismatch: MPI's error to report
-            if s is not None:
                 mine = s.raw[:s.nbytes]
                 if block and np.may_share_memory(mine, flat):
                     if mine.ctypes.data != flat[rank * block:].ctypes.data:
                         raise ValueError("mpicoll: send buffer overlaps the receive buffer")
                 else:
-                    flat[rank * block:(rank + 1) * block] = mine
+                    in_place = False
         except _Native:
-            return super().Allgather(sendbuf, recvbuf)
-        _check_algorithm("allgather", algorithm)
-        st = state(self)
-        if st.size > 1 and block:
-            name = api._requested("allgather", algorithm)
-            if name == "auto":
-                name = select.simple("allgather", p, flat.nbytes).name
-            _alg.get("allgather", name)(st, flat, [(i * block, (i + 1) * block) for i in range(p)])
+            if mode == "run":
+                return super().Allgather(sendbuf, recvbuf)
+            if mode == "start":
+                return super().Iallgather(sendbuf, recvbuf)
+            return super().Allgather_init(sendbuf, recvbuf, info)
+        forced, env_check, env_timeout = _plan.env_settings()
+        name = _plan.requested("allgather", algorithm, forced)
+        from . import algorithms as _alg
+
+        entry = None if name == "auto" else _alg.get("allgather", name)
+        nb = mode != "run"
+        plan = _plan.allgather_bytes(self, flat, mine, rank, p, name, entry, {}, env_check, env_timeout, None,
+                                     dict(count=block, dtype="bytes"), nb, in_place=in_place)
+        if mode == "run":
+            plan.run()
+            return None
+        return plan.start() if mode == "start" else _plan.Persistent(plan)

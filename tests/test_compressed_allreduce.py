@@ -9,7 +9,7 @@ from mpi4py import MPI
 import mpicoll
 from mpicoll import compression as C
 from mpicoll.algorithms.common import block_bounds
-from mpicoll.api import _reduction
+from mpicoll.plan import reduction as _reduction
 from mpicoll.algorithms import get as get_algorithm
 from mpicoll.bench.wire import counting
 from mpicoll.comm import state

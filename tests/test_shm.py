@@ -143,7 +143,7 @@ def test_both_sync_modes(sync):
     inputs = [exact_values("int32", "sum", 20001, 60 + r) for r in range(p)]
     for chunk in (4096, 1 << 20):
         buf = np.empty_like(inputs[rank])
-        shm.allreduce(st, buf, red, src=inputs[rank], chunk_bytes=chunk, sync=sync)
+        get("allreduce", "shm")(st, buf, red, inputs[rank], chunk_bytes=chunk, sync=sync)
         np.testing.assert_array_equal(buf, reference(inputs, "sum", p))
     w = st.extra["shm" if sync == shm.SYNC else f"shm-{sync}"]
     assert w.sync_mode == sync

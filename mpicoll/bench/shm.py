@@ -31,7 +31,9 @@ from mpi4py import MPI
 
 import mpicoll
 from mpicoll import dtypes, ops
-from mpicoll.algorithms import shm
+from mpicoll.algorithms import get as _get, shm
+
+_shm = _get("allreduce", "shm")
 from mpicoll.comm import state
 from mpicoll.kernels import Reduction
 from mpicoll.node import node_info
@@ -106,7 +108,7 @@ def main():
         for alg in args.algorithms.split(","):
             if alg.startswith("shm:"):  # shm:SYNC:CHUNK, e.g. shm:barrier:4M (the knobs' sweep)
                 _, sync, chunk = alg.split(":")
-                cands[alg] = (lambda sy, cb: lambda: shm.allreduce(st, out, red, src=x, chunk_bytes=cb, sync=sy))(
+                cands[alg] = (lambda sy, cb: lambda: _shm(st, out, red, x, chunk_bytes=cb, sync=sy))(
                     sync, parse_size(chunk))
                 continue
             label = alg if alg != "auto" else f"auto ({mpicoll.explain(x.nbytes, comm=comm).name})"
