@@ -16,7 +16,12 @@ Requests are advanced by ``progress()``:
   so communication advances while the caller computes. It is on by default;
   ``MPICOLL_PROGRESS_THREAD=0`` or ``set_progress_thread(False)`` turns it
   off, and then progress happens only inside test()/wait() (and inside the
-  MPI library whenever the caller makes other MPI calls).
+  MPI library whenever the caller makes other MPI calls). A thread in
+  ``wait()`` drives progress itself and the progress thread sleeps
+  meanwhile; and an operation shorter than ``WAKE_MIN_BYTES`` does not wake a
+  sleeping progress thread (waking it costs the caller a GIL hand-over, up
+  to a millisecond on a busy machine, which a short operation that is waited
+  for at once would pay for nothing).
 
 ``progress()`` always advances *every* outstanding operation, not only the
 one being waited for: another rank may be waiting for a different operation
@@ -53,6 +58,16 @@ ENV_PROGRESS_THREAD = "MPICOLL_PROGRESS_THREAD"
 # How often (seconds) the interpreter hands the GIL to the progress thread
 # while operations are outstanding (see _Engine._run).
 SWITCH_INTERVAL = 100e-6
+
+# A waiting thread polls this many times before it starts yielding the core
+# at each poll (as MPI's own blocking waits spin): a yield can cost a whole
+# scheduler time slice when the machine is busy.
+SPIN_POLLS = 2000
+
+
+# How long the progress thread lets a new operation's caller reach wait()
+# before it starts advancing the operation itself.
+START_GRACE = 50e-6
 
 
 class Request:
@@ -209,7 +224,10 @@ class _Engine:
         self.lock = threading.Lock()
         self.active = []
         self.wake = threading.Condition(self.lock)
-        self.waiters = 0  # threads blocked in wait(): the progress thread then polls without pausing
+        self.waiters = 0  # threads in wait(), which drive progress themselves
+        self._wlock = threading.Lock()
+        self.sleeping = False  # the thread is blocked on `wake`
+        self._wlock = threading.Lock()
         self.thread = None
         self.stopping = False
         self.enabled = os.environ.get(ENV_PROGRESS_THREAD, "1").strip().lower() not in ("0", "false", "no", "off")
@@ -217,12 +235,17 @@ class _Engine:
     def thread_available(self) -> bool:
         return MPI.Is_initialized() and not MPI.Is_finalized() and MPI.Query_thread() == MPI.THREAD_MULTIPLE
 
-    def start(self, req: Request) -> Request:
+    def start(self, req: Request, wake: bool = True) -> Request:
         with self.lock:
             req._start()
             if not req.done:
                 self.active.append(req)
-                if self.use_thread():
+                if wake and self.sleeping and self.use_thread():
+                    # Waking the thread costs a GIL hand-over (measured: up to
+                    # ~1 ms on a loaded 2-core machine), more than a short
+                    # operation takes when its caller waits for it at once:
+                    # short operations (wake=False) are left to the caller's
+                    # wait()/test() unless the thread is awake anyway.
                     self.wake.notify()
             done = req._callbacks if req.done else None
             req._callbacks = [] if done else req._callbacks
@@ -273,35 +296,54 @@ class _Engine:
             self._run_callbacks(finished)
 
     def wait(self, req: Request) -> None:
+        """The waiting thread drives progress itself: handing completion over
+        from the progress thread (an Event, a GIL switch) costs hundreds of
+        microseconds, more than a short all-reduce. While someone waits, the
+        progress thread steps back (see _run)."""
         if req.done:
             return
-        if self.thread is not None and self.use_thread():
-            # The progress thread polls without pausing while someone waits.
-            with self.lock:
-                self.waiters += 1
-                self.wake.notify()
-            try:
-                while not req._done.wait(0.05):
-                    if not (self.thread.is_alive() and self.use_thread()):
-                        break
-            finally:
+        with self._wlock:  # not the engine lock: the progress thread may hold that one
+            self.waiters += 1
+        polls = 0
+        try:
+            while not req.done:
+                finished = ()
+                if self.lock.acquire(blocking=False):
+                    try:
+                        if self.active:
+                            _, finished = self._progress_locked()
+                    finally:
+                        self.lock.release()
+                if finished:
+                    self._run_callbacks(finished)
+                polls += 1
+                if not req.done and polls > SPIN_POLLS:
+                    # Then let other threads and processes run: on an
+                    # oversubscribed node the peer we wait for may need this core.
+                    time.sleep(0)
+        finally:
+            with self._wlock:
+                self.waiters -= 1
+                last = self.waiters == 0
+            if last and self.active:
                 with self.lock:
-                    self.waiters -= 1
-        while not req.done:
-            self.progress()
-            if not req.done:
-                time.sleep(0)  # let other threads (and MPI's) run
+                    self.wake.notify()
 
     def _run(self) -> None:
         pause = 0.0
         normal = sys.getswitchinterval()
         while True:
             with self.lock:
-                if not self.stopping and (not self.active or not self.enabled):
+                # Block while there is nothing to do, or while a thread in
+                # wait() drives progress itself (two threads polling would
+                # only pass the GIL back and forth).
+                if not self.stopping and (not self.active or not self.enabled or self.waiters):
                     sys.setswitchinterval(normal)
-                    while not self.stopping and (not self.active or not self.enabled):
+                    self.sleeping = True
+                    while not self.stopping and (not self.active or not self.enabled or self.waiters):
                         pause = 0.0
                         self.wake.wait()
+                    self.sleeping = False
                     # A computing caller releases the GIL inside every numpy
                     # loop but takes it straight back; a waiting thread only
                     # gets it when the interpreter forces a switch, by default
@@ -314,12 +356,11 @@ class _Engine:
                     sys.setswitchinterval(normal)
                     return
                 moved, finished = self._progress_locked()
-                hurry = self.waiters > 0
             if finished:
                 self._run_callbacks(finished)
-            # Poll fast while things move or someone waits; otherwise back off
-            # to at most 200 us so a computing caller keeps its cores.
-            if moved or hurry:
+            # Poll fast while things move; otherwise back off to at most
+            # 200 us so a computing caller keeps its cores.
+            if moved:
                 pause = 0.0
                 time.sleep(0)
             else:
@@ -340,9 +381,15 @@ _engine = _Engine()
 atexit.register(_engine.stop)  # registered after mpi4py's finalizer, so it runs before it
 
 
-def start(gen, result=None, finish=None, deadline=None) -> Request:
+# Operations of at least this many bytes wake the progress thread at start
+# (see _Engine.start); shorter ones are advanced by the caller's wait()/test()
+# and by the thread whenever it is awake for other operations.
+WAKE_MIN_BYTES = 64 << 10
+
+
+def start(gen, result=None, finish=None, deadline=None, nbytes: int = WAKE_MIN_BYTES) -> Request:
     """Start schedule ``gen`` as a nonblocking request."""
-    return _engine.start(Request(result, gen, finish, deadline))
+    return _engine.start(Request(result, gen, finish, deadline), wake=nbytes >= WAKE_MIN_BYTES)
 
 
 def set_progress_thread(enabled: bool) -> None:

@@ -198,7 +198,7 @@ class Plan:
             return engine.Request.completed(self.result)
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         gen = self.schedule(self._context({} if pool is None else pool))
-        return engine.start(gen, self.result, self.finish, deadline)
+        return engine.start(gen, self.result, self.finish, deadline, self.nbytes)
 
 
 def _finish(st, red, flat):
