@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _env, plan as _plan
+from . import _direct, _env, plan as _plan
 from . import ops as _ops
 from . import select
 from .comm import check_intracomm
@@ -35,43 +35,66 @@ ENV_ALGORITHM = _plan.ENV_ALGORITHM
 CACHE_MAX_BYTES = 64 << 10
 CACHE_SIZE = 32
 _cache = {}
-_ENV_KEYS = (_plan.ENV_ALGORITHM, "MPICOLL_CHECK", _plan.ENV_TIMEOUT)
+# The environment variables a plan depends on, read raw on every hit
+# (os.environ's own mapping, see _env): a changed value rebuilds the plan.
+_DATA = getattr(_env, "_DATA", None)
+if _DATA is not None:  # CPython on POSIX
+    import os as _os
 
+    _K1, _K2, _K3 = (_os.environ.encodekey(k) for k in (_plan.ENV_ALGORITHM, "MPICOLL_CHECK", _plan.ENV_TIMEOUT))
 
-def _env_raw():
-    return (_env.get(_ENV_KEYS[0]), _env.get(_ENV_KEYS[1]), _env.get(_ENV_KEYS[2]))
+    def _env_raw():
+        return _DATA.get(_K1), _DATA.get(_K2), _DATA.get(_K3)
+else:  # pragma: no cover - elsewhere: a mapping that never matches, so no short path
+    _DATA, _K1, _K2, _K3 = {}, 1, 2, 3
+
+    def _env_raw():
+        return object(), None, None
 
 
 class _Cached:
-    __slots__ = ("plan", "x", "out", "shape", "dtype", "env", "alloc")
+    """A cached small all-reduce: the plan and what it was built from."""
 
-    def __init__(self, plan, x, out, env):
-        self.plan, self.x, self.out, self.env = plan, x, out, env
-        self.shape, self.dtype = x.shape, x.dtype
-        self.alloc = out is None
+    __slots__ = ("plan", "x", "out", "op", "comm", "algorithm", "shape", "dtype", "env", "fn", "args", "st",
+                 "finish")
+
+    def __init__(self, plan, x, out, op, comm, algorithm, env):
+        self.plan, self.x, self.out, self.op, self.comm, self.algorithm = plan, x, out, op, comm, algorithm
+        self.shape, self.dtype, self.env = x.shape, x.dtype, env
+        self.st = plan.st
+        self.finish = plan.finish
+        self.fn = self.args = None
+        nat = plan.native
+        if nat is not None and plan.timeout is None:
+            if nat.direct is not None:
+                self.fn, self.args = nat.direct
+            else:
+                self.fn, self.args = nat.blocking, ()
 
 
-def _cached_run(c: _Cached):
-    plan = c.plan
-    st = plan.st
-    if st.freed:
+def short(c: _Cached, x, out, op, comm, algorithm):
+    """Run cached plan ``c`` if this call is the one it was built for (the
+    same arrays, op, communicator and algorithm, an unchanged environment);
+    None otherwise. The drop-in ``Comm.Allreduce`` calls it too."""
+    if c.out is not out or c.op is not op or c.comm is not comm or c.algorithm is not algorithm \
+            or x.shape != c.shape or x.dtype is not c.dtype or c.st.freed:
         return None
-    native = plan.native
-    if native is not None and plan.timeout is None:
-        st.seq += 1
-        native.blocking()
-        if plan.finish is not None:
-            plan.finish()
-        res = plan.result
-    else:
-        res = plan.run()
-    # The allocating form returns a new array per call; the plan's own
-    # result buffer is reused (a copy of at most CACHE_MAX_BYTES).
-    return res.copy() if c.alloc else res
+    env = c.env
+    if _DATA.get(_K1) is not env[0] or _DATA.get(_K2) is not env[1] or _DATA.get(_K3) is not env[2]:
+        return None  # (identity: the values os.environ holds; any change rebuilds the plan)
+    fn = c.fn
+    if fn is None:  # a point-to-point algorithm: the plan's schedule
+        res = c.plan.run()
+        return res.copy() if out is None else res
+    c.st.seq += 1
+    if fn(*c.args):
+        _direct.check(1)
+    if c.finish is not None:
+        c.finish()
+    return out if out is not None else c.plan.result.copy()
 
 
-def allreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", dtype=None, compression=None,
-              reproducible=False, check=None, timeout=None):
+def allreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", **options):
     """Reduce ``x`` element-wise across all ranks of ``comm``; every rank gets the result.
 
     Parameters
@@ -107,27 +130,37 @@ def allreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", dtype=None,
         ``mpicoll.CollectiveTimeout`` naming the peers it was waiting for
         (default: env ``MPICOLL_TIMEOUT``, else no deadline).
 
+    ``dtype``, ``compression``, ``reproducible``, ``check`` and ``timeout``
+    are keyword-only and optional (``**options``: the short path below
+    checks one empty dict instead of five defaults).
+
     Returns ``out`` (a new array of x's shape and dtype if ``out`` is None).
     """
-    if type(op) is str and dtype is None and compression is None and reproducible is False and check is None \
-            and timeout is None:
-        key = (id(x), id(out), op, id(comm), algorithm)
-        c = _cache.get(key)
-        if c is not None and c.x is x and c.out is out and x.shape == c.shape and x.dtype is c.dtype \
-                and _env_raw() == c.env:
-            res = _cached_run(c)
-            if res is not None:
-                return res
+    # The short path: the same arrays, op, communicator and algorithm as a
+    # recent call, no options, and an unchanged environment run the cached
+    # plan's native call directly (see _Cached).
+    c = _cache.get(id(x))
+    if c is not None and not options:
+        res = short(c, x, out, op, comm, algorithm)
+        if res is not None:
+            return res
+    if options:
+        bad = set(options) - _OPTIONS
+        if bad:
+            raise TypeError(f"mpicoll: allreduce() got an unexpected keyword argument {sorted(bad)[0]!r}")
+    if type(op) is str and not options and type(x) is np.ndarray and (out is None or type(out) is np.ndarray):
         plan = _plan.allreduce(x, op, comm=comm, out=out, algorithm=algorithm)
-        if type(x) is np.ndarray and (out is None or type(out) is np.ndarray) and plan.nbytes <= CACHE_MAX_BYTES:
+        if plan.nbytes <= CACHE_MAX_BYTES:
             if len(_cache) >= CACHE_SIZE:
                 _cache.clear()
-            c = _cache[key] = _Cached(plan, x, out, _env_raw())
+            _cache[id(x)] = _Cached(plan, x, out, op, comm, algorithm, _env_raw())
             res = plan.run()
-            return res.copy() if c.alloc else res
+            return res.copy() if out is None else res
         return plan.run()
-    return _plan.allreduce(x, op, comm=comm, out=out, algorithm=algorithm, dtype=dtype, compression=compression,
-                           reproducible=reproducible, check=check, timeout=timeout).run()
+    return _plan.allreduce(x, op, comm=comm, out=out, algorithm=algorithm, **options).run()
+
+
+_OPTIONS = frozenset(("dtype", "compression", "reproducible", "check", "timeout"))
 
 
 def reduce_scatter(x, op="sum", *, comm=None, counts=None, out=None, algorithm="auto", dtype=None,

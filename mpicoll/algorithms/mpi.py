@@ -32,7 +32,12 @@ import numpy as np
 from mpi4py import MPI
 
 from . import register
+from .. import _direct
 from ..kernels import Reduction
+
+# The direct C call (mpicoll._direct) saves mpi4py's argument parsing, which
+# only matters for latency-bound messages.
+DIRECT_MAX_BYTES = 64 << 10
 
 _user_ops = {}
 
@@ -68,10 +73,11 @@ class NativeCall:
     MPI-4 form's request, or None where the library lacks it) and
     ``after()`` (work once it has completed, e.g. placing a block)."""
 
-    __slots__ = ("blocking", "start", "init", "after")
+    __slots__ = ("blocking", "start", "init", "after", "direct")
 
-    def __init__(self, blocking, start, init=None, after=None):
+    def __init__(self, blocking, start, init=None, after=None, direct=None):
         self.blocking, self.start, self.init, self.after = blocking, start, init, after
+        self.direct = direct  # (C function, args): the same blocking call without mpi4py (mpicoll._direct)
 
 
 def _init(comm, name):
@@ -85,8 +91,11 @@ def allreduce_call(comm, buf, red, src=None) -> NativeCall:
     sb = MPI.IN_PLACE if src is None else [src, datatype]
     rb = [buf, datatype]
     init = _init(comm, "Allreduce")
+    direct = None
+    if buf.nbytes <= DIRECT_MAX_BYTES and red.dtype.mpi is not None:
+        direct = _direct.allreduce(comm, src, buf, buf.size, datatype, op)
     return NativeCall(lambda: comm.Allreduce(sb, rb, op), lambda: comm.Iallreduce(sb, rb, op),
-                      init and (lambda: init(sb, rb, op)))
+                      init and (lambda: init(sb, rb, op)), direct=direct)
 
 
 def reduce_scatter_call(comm, buf, red, bounds, scratch) -> NativeCall:
