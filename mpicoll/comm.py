@@ -74,6 +74,7 @@ class CommState:
         self.size: int = self.comm.Get_size()
         self._scratch = {}
         self.pool = {}  # scratch of blocking calls (schedule.Context.scratch), reused call after call
+        self.idle_pools = []  # scratch dictionaries of completed nonblocking calls, for the next ones
         self.extra = {}  # per-algorithm cached state (e.g. node communicators)
         self.seq = 0
         self.freed = False
@@ -104,6 +105,7 @@ class CommState:
     def free(self) -> None:
         self.freed = True
         self.pool.clear()
+        self.idle_pools.clear()
         for v in self.extra.values():
             free = getattr(v, "free", None)
             if free is not None:
