@@ -131,7 +131,7 @@ bench-overlap: $(STAMP)
 example-dropin: $(STAMP)
 	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 4 $(MPIRUN_PY) examples/mpi4py_dropin.py
 
-# Shared-memory / hierarchical all-reduce (issue 4): benchmark on this node at
+# Shared-memory / hierarchical all-reduce: benchmark on this node at
 # p=2 and 4, and on the namespace test bed (2 hosts x 2 ranks, 1 Gbit/s link;
 # needs root). Opt-in test of the test bed (~20 s).
 .PHONY: bench-shm bench-testbed test-testbed

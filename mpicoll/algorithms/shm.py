@@ -79,7 +79,7 @@ from .._kernels import ffi, lib
 from ..node import node_info
 from .common import block_bounds
 
-# Issue bound: never more than this per rank in the window (header included).
+# The bound: never more than this per rank in the window (header included).
 MAX_WINDOW_BYTES = 32 << 20
 # Largest slot: two slots and a header of up to 64 KiB (flags for 512 ranks).
 MAX_SLOT_BYTES = (MAX_WINDOW_BYTES - (64 << 10)) // 2
