@@ -685,14 +685,9 @@ class Comm(MPI.Intracomm):
             if mode == "start":
                 return super().Iallgather(sendbuf, recvbuf)
             return super().Allgather_init(sendbuf, recvbuf, info)
-        forced, env_check, env_timeout = _plan.env_settings()
-        name = _plan.requested("allgather", algorithm, forced)
-        from . import algorithms as _alg
-
-        entry = None if name == "auto" else _alg.get("allgather", name)
-        nb = mode != "run"
-        plan = _plan.allgather_bytes(self, flat, mine, rank, p, name, entry, {}, env_check, env_timeout, None,
-                                     dict(count=block, dtype="bytes"), nb, in_place=in_place)
+        name, entry, knobs, check_on, timeout = _plan.options("allgather", algorithm, None, None, None)
+        plan = _plan.allgather_bytes(self, flat, mine, rank, p, name, entry, knobs, check_on, timeout, None,
+                                     dict(count=block, dtype="bytes"), mode != "run", in_place=in_place)
         if mode == "run":
             plan.run()
             return None
