@@ -149,3 +149,39 @@ def test_both_sync_modes(sync):
     assert w.sync_mode == sync
     # the header, two slots, never more than the bound
     assert w.header + 2 * w.slot_bytes <= shm.MAX_WINDOW_BYTES
+
+
+@pytest.mark.parametrize("algorithm", ["shm", "hierarchical"])
+def test_multinode_nonblocking_outstanding(fake_comm, algorithm):
+    """Several nonblocking shm/hierarchical all-reduces outstanding on one
+    communicator take turns on its window in start order (the same on every
+    rank), completed in a rank-dependent order; a blocking call after them
+    waits its turn too; reproducible=True runs nonblocking as well."""
+    comm = fake_comm
+    p, rank = comm.size, comm.rank
+    inputs = {n: [exact_values("float32", "sum", n, 70 + n + r) for r in range(p)] for n in (1000, 70001, 5)}
+    reqs = [(n, mpicoll.iallreduce(inputs[n][rank].copy(), comm=comm, algorithm=algorithm)) for n in inputs]
+    reqs.append((1000, mpicoll.iallreduce(inputs[1000][rank].copy(), comm=comm, reproducible=True)))
+    blocking = mpicoll.allreduce(inputs[5][rank], comm=comm, algorithm=algorithm)
+    np.testing.assert_array_equal(blocking, reference(inputs[5], "sum", p))
+    for i in np.random.default_rng(rank).permutation(len(reqs)):
+        n, req = reqs[i]
+        np.testing.assert_array_equal(req.wait(), reference(inputs[n], "sum", p), err_msg=f"{algorithm} n={n}")
+    for n, req in reqs:  # in the same order everywhere: identical_everywhere is collective
+        assert identical_everywhere(comm, req.wait())
+
+
+def test_small_auto_calls_make_no_node_communicators():
+    """The node layout for "auto" comes from the state's one allgather; the
+    node and cross communicators are made only when shm/hierarchical runs."""
+    comm = MPI.COMM_WORLD.Dup()
+    try:
+        for _ in range(3):
+            mpicoll.allreduce(np.ones(2, np.float32), comm=comm)
+            mpicoll.iallreduce(np.ones(2, np.float32), comm=comm).wait()
+        st = state(comm)
+        assert "node" not in st.extra and "nonblocking" not in st.extra
+        mpicoll.allreduce(np.ones(1000, np.float32), comm=comm, algorithm="shm")
+        assert "node" in st.extra
+    finally:
+        comm.Free()
