@@ -1,6 +1,6 @@
 """Blocking all-reduce before and after a change, measured in one run.
 
-    python tools/before_after.py OLD_TREE [--np 2,4] [--rounds 3] [--sizes 8:64M] [--algorithms ...]
+    python tools/before_after.py OLD_TREE [--new NEW_TREE] [--np 2,4] [--rounds 3] [--sizes 8:64M] [--algorithms ...]
 
 OLD_TREE is a checkout of the earlier commit with its kernels built in place
 (``git worktree add /tmp/old REV && cd /tmp/old && python setup.py
@@ -8,8 +8,8 @@ build_ext --inplace``). The two versions alternate (old, new, old, new...)
 ``--rounds`` times per process count, each a full ``python -m mpicoll.bench``
 sweep; each (algorithm, size) keeps its best time per version, and the
 table prints the speed-up old time / new time (> 1: the new code is faster)
-next to each version's time relative to MPI_Allreduce measured in the same
-sweep.
+next to each version's speed-up over MPI_Allreduce measured in the same
+sweep (native time / its time).
 """
 from __future__ import annotations
 
@@ -46,13 +46,14 @@ def best(results):
             key = (row["algorithm"].split(" ")[0], row["bytes"])
             t = row["time_us"] * 1e-6
             if key not in out or t < out[key][0]:
-                out[key] = (t, row.get("t_over_native"))
+                out[key] = (t, 1 / row["t_over_native"] if row.get("t_over_native") else None)
     return out
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("old")
+    ap.add_argument("--new", default=None, help="the new tree (default: the installed mpicoll)")
     ap.add_argument("--np", default="2,4")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--sizes", default="8:64M")
@@ -62,11 +63,12 @@ def main(argv=None) -> int:
         for np_ in (int(x) for x in args.np.split(",")):
             runs = {"old": [], "new": []}
             for r in range(args.rounds):
-                for which, tree in (("old", os.path.abspath(args.old)), ("new", None)):
+                new = os.path.abspath(args.new) if args.new else None
+                for which, tree in (("old", os.path.abspath(args.old)), ("new", new)):
                     runs[which].append(sweep(tree, np_, args.sizes, args.algorithms, f"{d}/{which}{r}.json"))
             old, new = best(runs["old"]), best(runs["new"])
-            print(f"\n## p={np_}: speed-up old/new time (> 1: new faster); each version's time / MPI_Allreduce")
-            print("| algorithm | bytes | old us | new us | speed-up | old/native | new/native |")
+            print(f"\n## p={np_}: speed-up old/new time (> 1: new faster); each version's speed-up over MPI_Allreduce")
+            print("| algorithm | bytes | old us | new us | speed-up | old vs native | new vs native |")
             print("|---|---|---|---|---|---|---|")
             for key in sorted(set(old) & set(new)):
                 (to, ro), (tn, rn) = old[key], new[key]

@@ -15,8 +15,8 @@ place and in place:
   machine);
 * algbw = bytes / time and busbw = algbw * 2(p-1)/p (the nccl-tests
   definitions; busbw is comparable across process counts);
-* ``t/native``: time over MPI_Allreduce's time in the same run (< 1:
-  faster than MPI); with ``--repeat R`` every measurement is taken R
+* ``speed-up``: MPI_Allreduce's time over this one's, in the same run
+  (> 1: faster than MPI; the JSON rows keep the inverse, ``t_over_native``); with ``--repeat R`` every measurement is taken R
   times, interleaved with the others, and the run with the lowest time
   kept, so a burst of load hurts less;
 * ``wrong``: elements that differ from MPI_Allreduce's result on a fresh
