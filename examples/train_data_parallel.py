@@ -279,6 +279,7 @@ def main(argv=None) -> int:
     ap.add_argument("--epochs", type=int, default=20)
     ap.add_argument("--batch", type=int, default=64, help="global batch size (default 64)")
     ap.add_argument("--lr", type=float, default=0.1)
+    ap.add_argument("--momentum", type=float, default=0.9)
     ap.add_argument("--hidden", type=int, nargs="+", default=[256, 128])
     ap.add_argument("--bucket-kib", type=int, default=64, help="bucket size in KiB (default 64)")
     ap.add_argument("--first-bucket-kib", type=int, default=16)
@@ -307,7 +308,7 @@ def main(argv=None) -> int:
         say(f"epoch {row['epoch']:>3}  loss {row['loss']:.4f}  test acc {row['test_acc']:.4f}  "
             f"compute {row['compute_s']:.3f} s  comm {row['comm_s']:.3f} s  step {row['step_ms']:.2f} ms")
 
-    kw = dict(hidden=tuple(args.hidden), epochs=args.epochs, batch=args.batch, lr=args.lr,
+    kw = dict(hidden=tuple(args.hidden), epochs=args.epochs, batch=args.batch, lr=args.lr, momentum=args.momentum,
               bucket_bytes=args.bucket_kib << 10, first_bucket_bytes=args.first_bucket_kib << 10,
               algorithm=args.algorithm)
     params, history, bucketer = train(comm, data, compression=args.compression, log=log, sharded=args.sharded,
