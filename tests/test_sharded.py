@@ -4,6 +4,9 @@ to rounding otherwise), identical bits on every rank, and ~1/p of the
 optimizer state per rank."""
 from __future__ import annotations
 
+import importlib.util
+import os
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -155,3 +158,26 @@ def test_rank0_parameters_are_broadcast_and_errors():
     assert opt.state_nbytes() == 0
     with pytest.raises(TypeError):
         mpicoll.ShardedOptimizer(mine, None, comm=comm)
+
+
+def test_training_example_sharded_equals_allreduce():
+    ex = load_example()
+    comm = MPI.COMM_WORLD
+    data = ex.load_data()
+    kw = dict(hidden=(32,), epochs=1, batch=128, lr=0.1, bucket_bytes=4096, first_bucket_bytes=1024,
+              algorithm="ring")
+    ref, ref_hist, _ = ex.train(comm, data, **kw)
+    params, hist, opt = ex.train(comm, data, sharded=True, **kw)
+    assert all(np.array_equal(a, b) for a, b in zip(params, ref))
+    assert hist[-1]["test_acc"] == ref_hist[-1]["test_acc"]
+    assert hist[-1]["state_bytes"] <= ref_hist[-1]["state_bytes"] / comm.size + 4 * 8 * len(opt.buckets)
+
+
+def load_example():
+    if importlib.util.find_spec("sklearn") is None:
+        pytest.skip("scikit-learn not installed (the example's data set)")
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "train_data_parallel.py")
+    spec = importlib.util.spec_from_file_location("train_data_parallel", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
