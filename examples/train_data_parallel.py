@@ -317,16 +317,16 @@ def main(argv=None) -> int:
     if args.staleness is None:
         say(f"buckets (gradient indices, launch order): {bucketer.buckets}")
     states = comm.gather(history[-1]["state_bytes"], root=0)
-    mean_step = float(np.mean([row["step_ms"] for row in history]))
-    say(f"optimizer state per rank: {states} bytes; mean step time {mean_step:.2f} ms "
-        f"(slowest rank, all epochs)")
+    median_step = float(np.median([row["step_ms"] for row in history]))
+    say(f"optimizer state per rank: {states} bytes; step time {median_step:.2f} ms "
+        f"(slowest rank, median over epochs)")
     if args.sharded and args.compare:
         ref, ref_hist, _ = train(comm, data, **kw)
         same = all(np.array_equal(a, b) for a, b in zip(params, ref))
         diff = max(float(np.max(np.abs(a - b))) if a.size else 0.0 for a, b in zip(params, ref))
         say(f"all-reduce path: test acc {ref_hist[-1]['test_acc']:.4f}, state per rank "
-            f"{ref_hist[-1]['state_bytes']} bytes, mean step "
-            f"{float(np.mean([r['step_ms'] for r in ref_hist])):.2f} ms; sharded weights bit-identical: "
+            f"{ref_hist[-1]['state_bytes']} bytes, step "
+            f"{float(np.median([r['step_ms'] for r in ref_hist])):.2f} ms; sharded weights bit-identical: "
             f"{'yes' if comm.allreduce(same, op=MPI.LAND) else 'no'} (max |difference| {diff:.3g})")
     sums = comm.gather(checksum(params), root=0)
     if rank == 0:
