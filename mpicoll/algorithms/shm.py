@@ -326,7 +326,7 @@ def pipeline(ctx, info, buf, red, src, chunk_bytes, between=None, sync=None):
         own = buf if src is None else src
         bounds = block_bounds(min(cap, n), k)
         for c0 in range(0, n, cap):
-            ctx.phase = f"shm chunk at element {c0}"
+            ctx.phase = ("shm chunk at element", c0)
             m = min(cap, n - c0)
             if m != cap:
                 bounds = block_bounds(m, k)
