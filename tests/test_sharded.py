@@ -12,6 +12,7 @@ import pytest
 from mpi4py import MPI
 
 import mpicoll
+from conftest import assert_identical_everywhere
 
 pytestmark = pytest.mark.mpi
 
@@ -82,11 +83,6 @@ def sharded(comm, steps, algorithm, op="avg", order_seed=None):
     return opt
 
 
-def identical_everywhere(comm, arrays):
-    blob = b"".join(np.ascontiguousarray(a).tobytes() for a in arrays)
-    return len(set(comm.allgather(blob))) == 1
-
-
 @pytest.mark.parametrize("op", ["avg", "sum"])
 def test_ring_sharded_is_bit_identical_to_unsharded(op):
     comm = MPI.COMM_WORLD
@@ -98,7 +94,7 @@ def test_ring_sharded_is_bit_identical_to_unsharded(op):
     for i, (got, want) in enumerate(zip(opt.params, ref)):
         assert got.dtype == want.dtype and got.shape == want.shape
         assert np.array_equal(got, want), f"parameter {i} differs from the unsharded path"
-    assert identical_everywhere(comm, opt.params)
+    assert_identical_everywhere(comm, *opt.params)
 
 
 @pytest.mark.parametrize("algorithm", ["auto", "mpi"])
@@ -108,7 +104,7 @@ def test_other_algorithms_match_to_rounding(algorithm):
     opt = sharded(comm, 3, algorithm)
     for got, want in zip(opt.params, ref):
         np.testing.assert_allclose(got, want, rtol=1e-5 if got.dtype == np.float32 else 1e-12, atol=1e-6)
-    assert identical_everywhere(comm, opt.params)
+    assert_identical_everywhere(comm, *opt.params)
 
 
 def test_state_is_one_pth():
