@@ -51,6 +51,12 @@ What is guaranteed (and tested in tests/test_sharded.py):
   followed by an all-gather that only copies; "avg" divides the same sums by
   the same p. A bucket smaller than p elements is all-reduced by recursive
   doubling instead, whose order differs.
+* With ``reproducible=True`` each shard is the serial rank-ordered reduction
+  ((g0 op g1) op g2) ... computed by the same kernel and scaling as
+  ``allreduce(..., reproducible=True)``: the parameters are bit-identical to
+  ``GradientBucketer(..., reproducible=True)`` plus the same elementwise
+  update, and, since that order does not depend on p or on the blocks, the
+  same for every process count (given the same per-rank gradients).
 * With other algorithms ("auto", "mpi", ...) reduce-scatter and all-reduce
   may add in different orders: the result equals the unsharded one up to
   float rounding (a few ulps per step), not bit for bit. A non-elementwise
@@ -60,7 +66,10 @@ What is guaranteed (and tested in tests/test_sharded.py):
 from __future__ import annotations
 
 import numpy as np
+from mpi4py import MPI
 
+from . import dtypes as _dtypes
+from . import plan as _plan
 from .algorithms.common import block_bounds
 from .bucketing import BUCKET_BYTES, FIRST_BUCKET_BYTES, GradientBucketer
 from .nonblocking import iallgather, ireduce_scatter, waitall
@@ -70,13 +79,57 @@ class _ReduceScatterBucketer(GradientBucketer):
     """GradientBucketer whose full buckets are reduce-scattered, each into
     this rank's shard buffer, instead of all-reduced."""
 
-    def __init__(self, grads, shard_out, **kw):
+    def __init__(self, grads, shard_out, reproducible=False, **kw):
         self._shard_out = shard_out  # bucket index -> output array (set after the layout exists)
         super().__init__(grads, **kw)
+        # Its own communicator: these all-to-alls must not interleave with anything else's collectives.
+        self._rcomm = self._st.comm.Dup() if reproducible and self._st.size > 1 else None
+        self._reproducible = reproducible
 
     def _launch(self, b) -> None:
-        b.request = ireduce_scatter(b.buffer, op=self._op.name, comm=self._comm, out=self._shard_out[b.index],
-                                    algorithm=self._algorithm)
+        out = self._shard_out[b.index]
+        if self._reproducible:
+            b.request = _RankOrderedReduceScatter(self._rcomm, b.buffer, out, self._op.name, self._st.size,
+                                                  self._st.rank)
+        else:
+            b.request = ireduce_scatter(b.buffer, op=self._op.name, comm=self._comm, out=out,
+                                        algorithm=self._algorithm)
+
+
+class _RankOrderedReduceScatter:
+    """Block r of ((x0 op x1) op x2) ... in exactly that order, as
+    ``mpicoll.allreduce(..., reproducible=True)`` computes every block: an
+    all-to-all of the blocks (data movement only), then the same k-input
+    kernel over the p pieces in rank order and the same avg scaling."""
+
+    def __init__(self, comm, buf, out, op, p, rank):
+        self._out, self._p = out, p
+        self._red = _plan.reduction(op, _dtypes.resolve(buf.dtype))
+        if comm is None:  # one rank: the sum of one input
+            self._pieces, self._mpi = [buf], None
+            return
+        isz = buf.itemsize
+        bounds = block_bounds(buf.size, p)
+        mine = out.size
+        self._recv = np.empty(p * mine, buf.dtype)
+        sb = [buf, ([(hi - lo) * isz for lo, hi in bounds], [lo * isz for lo, _ in bounds]), MPI.BYTE]
+        rb = [self._recv, ([mine * isz] * p, [q * mine * isz for q in range(p)]), MPI.BYTE]
+        self._pieces = [self._recv[q * mine:(q + 1) * mine] for q in range(p)]
+        self._mpi = comm.Ialltoallv(sb, rb)
+
+    def wait(self):
+        if self._mpi is not None:
+            self._mpi.Wait()
+            self._mpi = None
+        if self._pieces is not None:
+            if self._out.size:
+                if len(self._pieces) == 1:
+                    self._out[...] = self._pieces[0]
+                else:
+                    self._red.combine_many(self._out, self._pieces)
+                self._red.finish(self._out, self._p)
+            self._pieces = None
+        return self._out
 
 
 class _Shard:
@@ -99,10 +152,15 @@ class ShardedOptimizer:
     comm, op, bucket_bytes, first_bucket_bytes, algorithm : as GradientBucketer
         (op applies to the reduce-scatter; "avg" by default; algorithm is the
         reduce-scatter's and the all-gather's).
+    reproducible : bool; if True each shard is the serial rank-ordered
+        reduction (the bits of ``allreduce(..., reproducible=True)``, whatever p
+        is), by an all-to-all of the blocks and a local reduction in rank order
+        (same bytes as a ring reduce-scatter, p messages per rank instead of p-1
+        neighbour steps, no overlap of the reduction with communication).
     """
 
     def __init__(self, params, step, *, init_state=None, comm=None, op="avg", bucket_bytes=BUCKET_BYTES,
-                 first_bucket_bytes=FIRST_BUCKET_BYTES, algorithm="auto"):
+                 first_bucket_bytes=FIRST_BUCKET_BYTES, algorithm="auto", reproducible=False):
         params = [np.asarray(w) for w in params]
         if not callable(step):
             raise TypeError("mpicoll: step must be callable as step(shard_params, shard_grads, state)")
@@ -110,7 +168,7 @@ class ShardedOptimizer:
         shard_out = {}
         self._grads = _ReduceScatterBucketer([(w.shape, w.dtype) for w in params], shard_out, comm=comm, op=op,
                                              bucket_bytes=bucket_bytes, first_bucket_bytes=first_bucket_bytes,
-                                             algorithm=algorithm)
+                                             algorithm=algorithm, reproducible=bool(reproducible))
         st = self._grads._st
         self._comm, self._algorithm = self._grads._comm, algorithm
         p, rank = st.size, st.rank

@@ -177,3 +177,47 @@ def load_example():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def test_reproducible_sharded_is_the_rank_ordered_sum():
+    """reproducible=True: bit-identical to the reproducible bucketed all-reduce, and the
+    shards' "sum" is numpy's serial rank-ordered sum, whatever p is."""
+    comm = MPI.COMM_WORLD
+    p = comm.size
+    params = initial()
+    b = mpicoll.GradientBucketer([(w.shape, w.dtype) for w in params], comm=comm, op="avg", reproducible=True,
+                                 **CAPS)
+    states = [adam_state(w.reshape(-1)) for w in params]
+    opt = mpicoll.ShardedOptimizer(initial(), adam, init_state=adam_state, comm=comm, reproducible=True, **CAPS)
+    for step in range(3):
+        g = grads_for(comm.rank, step)
+        opt.wait_params()
+        for i in reversed(range(len(params))):
+            b.views[i][...] = g[i]
+            b.mark_ready(i)
+            opt.grads[i][...] = g[i]
+            opt.mark_ready(i)
+        for w, gi, st in zip(params, b.wait(), states):
+            adam(w.reshape(-1), gi.reshape(-1), st)
+        opt.step()
+    opt.wait_params()
+    for got, want in zip(opt.params, params):
+        assert np.array_equal(got, want)
+    assert_identical_everywhere(comm, *opt.params)
+    # The sum itself: numpy's ((g0 + g1) + g2) ..., element by element.
+    seen = []
+    summ = mpicoll.ShardedOptimizer(initial(), lambda w, g, s: seen.append(g.copy()), comm=comm, op="sum",
+                                    reproducible=True, **CAPS)
+    g = grads_for(comm.rank, 0)
+    for i in reversed(range(len(SHAPES))):
+        summ.grads[i][...] = g[i]
+        summ.mark_ready(i)
+    summ.step()
+    summ.wait_params()
+    everyone = [grads_for(r, 0) for r in range(p)]
+    for k, (bucket, (lo, hi)) in enumerate(zip(summ.buckets, summ.shard_bounds())):
+        flat = [np.concatenate([e[i].reshape(-1) for i in bucket]) for e in everyone]
+        acc = flat[0].copy()
+        for x in flat[1:]:
+            acc += x
+        assert np.array_equal(seen[len(seen) - 1 - k], acc[lo:hi])  # step() visits buckets last first
