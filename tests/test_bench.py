@@ -127,8 +127,12 @@ def test_tune_and_auto_follows_the_profile(tmp_path, monkeypatch):
     # segments: auto must follow it, say so, and still be right.
     forced = profile.Profile([profile.Rule(p, p, 0, None, "ring", 4096, True, "measured", "test")],
                              model=prof.model, meta=prof.meta, measurements=prof.measurements)
-    f = str(tmp_path / "tuning.json")
-    profile.save(forced, f)
+    # One file for every rank (pytest's tmp_path differs per process): the
+    # ranks must read the same profile, or rank 0's is used by all.
+    f = comm.bcast(str(tmp_path / "tuning.json"), root=0)
+    if comm.rank == 0:
+        profile.save(forced, f)
+    comm.Barrier()
     monkeypatch.setenv(profile.ENV_TUNING_FILE, f)
     profile.reload()
     # A communicator's profile is settled when its state is created: a new
