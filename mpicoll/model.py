@@ -15,6 +15,16 @@ and awkward counts), and ``o`` the fixed cost of one call (argument checks,
 Python, the MPI library's entry; measured here it is tens of microseconds,
 as large as several alphas, so leaving it out would bias alpha).
 
+A message is counted where it is sent (its receive is the sender's
+message), zero-byte ones included: they cost a latency all the same. Each
+term is a maximum of its own, possibly over different ranks. ``p = 1``
+prices nothing: the plan layer copies instead of running a schedule. The
+busiest rank is not the critical path: the tree's reduce and broadcast
+chain 2 ceil(log2 p) messages one after the other, while its busiest rank
+sends ceil(log2 p), so on a power of two the tree and recursive doubling
+get the same terms; the fitted alpha and the call cost ``o`` absorb such
+chains on average.
+
 ``n`` is the message size in bytes, ``p`` the number of ranks, ``b_i`` the
 blocks of np.array_split, ``pof2`` the largest power of two <= p,
 ``rem = p - pof2``, ``lg = log2(pof2)``, ``fold = 1`` when p is not a power
