@@ -111,6 +111,10 @@ def _reduce_scatter(ctx, buf, red, bounds, segment_bytes, src):
     once (block r-1 is sent, the others are combined), so no copy is needed;
     block r-1 of ``buf`` is left unwritten (the allgather fills it)."""
     own = buf if src is None else src
+    if ctx.size == 1:  # one rank: its data is the result (a send to itself would go unreceived)
+        if src is not None:
+            buf[...] = src
+        return
 
     def combine(a, b, partial):
         mine = buf[a:b]
