@@ -189,6 +189,11 @@ class Request:
         with _engine.lock:
             if not self._done.is_set():
                 self._callbacks.append(fn)
+                # A callback means someone relies on completion without
+                # calling wait() (a torch future waited on in C++): the
+                # progress thread must run even for a short operation.
+                if _engine.sleeping and _engine.use_thread():
+                    _engine.wake.notify()
                 return
         _call(fn, self)
 
