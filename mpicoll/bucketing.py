@@ -197,8 +197,9 @@ class GradientBucketer:
         if b.compressor is None:
             b.request = iallreduce(b.buffer, op=self._op.name, comm=self._comm, out=b.buffer,
                                    algorithm=self._algorithm)
-        else:  # blocking: there is no nonblocking compressed all-reduce
-            _compression.run(self._st, b.buffer, b.buffer, self._op.average, b.compressor)
+        else:  # the compressed ring is a schedule too: nonblocking, so it overlaps the backward pass
+            b.request = iallreduce(b.buffer, op=self._op.name, comm=self._comm, out=b.buffer,
+                                   compression=b.compressor)
 
     def wait(self) -> list:
         """Wait for every bucket; returns the gradients (registered arrays or views)."""
