@@ -96,5 +96,11 @@ def when_done(req, fn) -> None:
                 return
             fn(None)
         req.add_done_callback(done)
+        if not req.done:
+            # A short operation does not wake a sleeping progress thread by
+            # itself (the engine expects its caller to wait() for it soon);
+            # here nobody will, so wake it. set_progress_thread(True) is a
+            # no-op apart from that wake-up when the thread is already on.
+            _nb.set_progress_thread(True)
         return
     _waiter.submit(req, fn)
