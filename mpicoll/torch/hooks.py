@@ -22,21 +22,21 @@ How each one runs:
   future is completed from mpicoll's progress thread (or, without it, from
   a waiter thread that advances the request - DDP waits on the future in
   C++, where no Python test()/wait() would ever make progress).
-  ``reproducible=True`` runs the blocking reproducible all-reduce in the
-  hook (there is no nonblocking form): bit-identical results for any p, no
-  overlap.
+  ``reproducible=True``: bit-identical results for any p and algorithm,
+  with mpicoll's nonblocking reproducible all-reduce where it has one, else
+  the blocking one inside the hook (no overlap).
 * ``fp16_hook`` / ``bf16_hook``: the bucket, divided by the world size, plus
   this rank's carried rounding error, is cast to 16 bits *in the hook*; the
   plain nonblocking all-reduce sums the 16-bit buffer (half the bytes);
   the completion callback widens it back into the bucket. What the cast
   lost is kept per bucket and added to the next iteration's bucket (error
   feedback), so rounding errors are delayed, not dropped.
-* ``topk_hook``: ``mpicoll.allreduce(..., compression=TopK)`` - each rank
+* ``topk_hook``: ``mpicoll.iallreduce(..., compression=TopK)`` - each rank
   sends its k largest entries, the rest stays in a per-bucket residual
-  (error feedback, see mpicoll/compression.py). There is no nonblocking
-  compressed all-reduce, so it runs on one worker thread per State, in
-  bucket order (the same order on every rank, which keeps the blocking
-  collectives matched), and overlaps the backward pass that way.
+  (error feedback, see mpicoll/compression.py). With an mpicoll whose
+  iallreduce lacks ``compression=``, the blocking compressed all-reduce runs
+  on one worker thread per State instead, in bucket order (the same order on
+  every rank, which keeps the blocking collectives matched).
 
 The hook's second parameter must be named ``bucket``: torch 2.13 checks the
 signature of a Python hook, and the return annotation too, so this module
@@ -44,6 +44,7 @@ keeps real annotations (no ``from __future__ import annotations``, which
 would turn them into strings that fail that check).
 """
 
+import inspect
 import queue
 import threading
 
@@ -56,6 +57,12 @@ import mpicoll
 
 from . import _compat
 from .backend import ProcessGroupMpicoll, reducible
+
+# Whether this mpicoll's iallreduce takes compression= and reproducible=
+# (newer ones do); without, those hooks fall back as described above.
+_IALLREDUCE_ARGS = set(inspect.signature(mpicoll.iallreduce).parameters)
+NONBLOCKING_COMPRESSION = "compression" in _IALLREDUCE_ARGS
+NONBLOCKING_REPRODUCIBLE = "reproducible" in _IALLREDUCE_ARGS
 
 
 class State:
@@ -130,6 +137,10 @@ def allreduce_hook(state: State, bucket: dist.GradBucket) -> torch.futures.Futur
     """Average the bucket with mpicoll's nonblocking all-reduce (in place)."""
     buf = bucket.buffer()
     arr, dt = reducible(buf)
+    if state.reproducible and NONBLOCKING_REPRODUCIBLE:
+        req = mpicoll.iallreduce(arr, "avg", comm=state.comm, out=arr, dtype=dt, algorithm=state.algorithm,
+                                 reproducible=True)
+        return _future_of(req, lambda: buf)
     if state.reproducible:
         mpicoll.allreduce(arr, "avg", comm=state.comm, out=arr, dtype=dt, reproducible=True)
         fut = torch.futures.Future()
@@ -179,6 +190,9 @@ def topk_hook(state: State, bucket: dist.GradBucket) -> torch.futures.Future[tor
     if topk is None or (topk.residual is not None and topk.residual.size != buf.numel()):  # buckets rebuilt
         topk = state.topk[index] = mpicoll.TopK(state.topk_ratio)
     arr = buf.numpy()
+    if NONBLOCKING_COMPRESSION:
+        req = mpicoll.iallreduce(arr, "avg", comm=state.comm, out=arr, compression=topk)
+        return _future_of(req, lambda: buf)
 
     def run():
         mpicoll.allreduce(arr, "avg", comm=state.comm, out=arr, compression=topk)
