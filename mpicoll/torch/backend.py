@@ -55,18 +55,19 @@ from . import _compat
 BACKEND_NAME = "mpicoll"
 
 _RED = dist.ReduceOp.RedOpType
-OPS = {_RED.SUM: "sum", _RED.PRODUCT: "prod", _RED.MIN: "min", _RED.MAX: "max", _RED.AVG: "avg",
-       _RED.BAND: "band", _RED.BOR: "bor", _RED.BXOR: "bxor"}
+# Keyed by the op's int value: hashing the pybind enum itself costs more.
+OPS = {int(_RED.SUM): "sum", int(_RED.PRODUCT): "prod", int(_RED.MIN): "min", int(_RED.MAX): "max",
+       int(_RED.AVG): "avg", int(_RED.BAND): "band", int(_RED.BOR): "bor", int(_RED.BXOR): "bxor"}
 # bool tensors are reduced as uint8 0/1: sum is "any", product is "all" (NCCL's choice too).
-BOOL_OPS = {_RED.SUM: "max", _RED.PRODUCT: "min", _RED.MIN: "min", _RED.MAX: "max",
-            _RED.BAND: "band", _RED.BOR: "bor", _RED.BXOR: "bxor"}
+BOOL_OPS = {int(_RED.SUM): "max", int(_RED.PRODUCT): "min", int(_RED.MIN): "min", int(_RED.MAX): "max",
+            int(_RED.BAND): "band", int(_RED.BOR): "bor", int(_RED.BXOR): "bxor"}
 
 
 # ---- tensors as numpy views ---------------------------------------------------
 
 def _contiguous(t: torch.Tensor):
     """(tensor to work on, tensor to copy the result back into or None)."""
-    if t.device.type != "cpu":
+    if not t.is_cpu:
         raise ValueError(f"mpicoll backend: CPU tensors only, got a tensor on {t.device}")
     t = t.detach()
     if t.is_contiguous():
@@ -94,10 +95,10 @@ def op_name(opts_op, dtype: torch.dtype) -> str:
     red = opts_op.op if isinstance(opts_op, dist.ReduceOp) else opts_op
     table = BOOL_OPS if dtype is torch.bool else OPS
     try:
-        return table[red]
+        return table[int(red)]
     except KeyError:
         raise ValueError(f"mpicoll backend: reduce op {red} is not supported for {dtype}; "
-                         f"supported: {', '.join(str(k).split('.')[-1] for k in table)}") from None
+                         f"supported: {', '.join(sorted(table.values()))}") from None
 
 
 # ---- work ---------------------------------------------------------------------
