@@ -9,6 +9,10 @@ from mpi4py import MPI
 # coverage that p = 1..4 (odd, even, one rank, a power of two) lacks.
 MAX_RANKS = 4
 
+if MPI.COMM_WORLD.Get_size() > MAX_RANKS:  # before importing torch, which is most of the cost
+    pytest.skip(f"torch tests run at p <= {MAX_RANKS} (at more ranks than 2 CI cores they only add time)",
+                allow_module_level=True)
+
 torch = pytest.importorskip("torch", reason="torch is not installed (make install adds the CPU build)")
 
 
