@@ -263,8 +263,9 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
 
     # -- helpers --
     def _start(self, opts, name, *args, **kwargs):
-        """Run mpicoll collective ``name``: blocking unless asked for async work."""
-        if getattr(opts, "asyncOp", True):
+        """Run mpicoll collective ``name``: blocking unless asked for async work
+        (no options, as from DDP's reducer, count as async)."""
+        if opts is None or getattr(opts, "asyncOp", True):
             return _compat.start(name, *args, **kwargs)
         getattr(mpicoll, name)(*args, **kwargs)
         return None
@@ -317,7 +318,7 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
         for outs, t in zip(output_tensors, input_tensors):
             work, _ = _contiguous(t)
             staging = torch.empty((self.size(),) + tuple(work.shape), dtype=work.dtype)
-            reqs.append(_compat.start("allgather", as_bytes(work), comm=self.comm,
+            reqs.append(self._start(opts, "allgather", as_bytes(work), comm=self.comm,
                                       out=as_bytes(staging).reshape(self.size(), -1)))
             finishers.append((outs, staging))
 
@@ -334,7 +335,7 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
                              f"expected {input.numel()} x {self.size()}")
         work, orig = _contiguous(output)
         src, _ = _contiguous(input)
-        req = _compat.start("allgather", as_bytes(src), comm=self.comm, out=as_bytes(work).reshape(self.size(), -1))
+        req = self._start(opts, "allgather", as_bytes(src), comm=self.comm, out=as_bytes(work).reshape(self.size(), -1))
         return Work([output], [req], self._copy_back([(work, orig)]))
 
     _allgather_base = all_gather_single
@@ -357,7 +358,7 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
             arr, dt = reducible(joined)
             oarr, _ = reducible(work)
             counts = [i.numel() for i in ins]
-            reqs.append(_compat.start("reduce_scatter", arr, op_name(opts.reduceOp, out.dtype), comm=self.comm,
+            reqs.append(self._start(opts, "reduce_scatter", arr, op_name(opts.reduceOp, out.dtype), comm=self.comm,
                                       counts=counts, out=oarr.reshape(-1), dtype=dt))
             pairs.append((work, orig))
         return Work(output_tensors, reqs, self._copy_back(pairs))
@@ -373,7 +374,7 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
         src, _ = _contiguous(input)
         arr, dt = reducible(src)
         oarr, _ = reducible(work)
-        req = _compat.start("reduce_scatter", arr.reshape(-1), op_name(opts.reduceOp, output.dtype), comm=self.comm,
+        req = self._start(opts, "reduce_scatter", arr.reshape(-1), op_name(opts.reduceOp, output.dtype), comm=self.comm,
                             counts=[n] * self.size(), out=oarr.reshape(-1), dtype=dt)
         return Work([output], [req], self._copy_back([(work, orig)]))
 
@@ -391,7 +392,7 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
             work, orig = _contiguous(t)
             arr, dt = reducible(work)
             is_root = self.rank() == opts.rootRank
-            reqs.append(_compat.start("reduce", arr, op_name(opts.reduceOp, t.dtype), opts.rootRank, comm=self.comm,
+            reqs.append(self._start(opts, "reduce", arr, op_name(opts.reduceOp, t.dtype), opts.rootRank, comm=self.comm,
                                       out=arr if is_root else None, dtype=dt))
             pairs.append((work, orig if is_root else None))
         return Work(tensors, reqs, self._copy_back(pairs))
