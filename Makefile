@@ -43,7 +43,9 @@ STAMP := $(VENV)/.installed-$(MPI)
 # that change between releases (a Python ProcessGroup's method names, the
 # comm-hook signature check); a plain "torch" would also let pip pick a
 # multi-GB CUDA build. The local index serves the CPU build (2.13.0+cpu).
-# TORCH= leaves torch out (its tests then skip).
+# TORCH= leaves torch out (its tests then skip). The torch tests run at
+# p <= 4 (tests/torch_helpers.py); measured on a machine loaded by other jobs
+# (load 8-19 on 2 cores): MPICH p=2 30 s; Open MPI p=2 122 s, p=4 327 s.
 TORCH ?= torch==2.13.0
 # tests/test_mpi_library.py checks that the venv's mpi4py really runs on this MPI.
 export MPICOLL_EXPECT_MPI := $(MPI)
