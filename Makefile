@@ -16,6 +16,8 @@
 #   make bench-overlap     iallreduce communication/computation overlap, every algorithm, 2 ranks (OSU style)
 #   make bench-overhead    per-call cost of every front door vs MPI_Allreduce, p = 2 and 4
 #   make example-dropin    examples/mpi4py_dropin.py: plain mpi4py vs mpicoll.Comm, 4 ranks
+#   make train-ddp         examples/train_ddp.py: torch DDP, backends mpicoll and gloo, every hook, 4 ranks
+#   make bench-torch       torch.distributed all_reduce, backend mpicoll vs gloo, and DDP step per hook, p = 2 and 4
 
 MPI ?= mpich
 PYTHON ?= python3
@@ -37,6 +39,15 @@ TEST_TIMEOUT ?= 600
 MPIRUN_PY := $(PY) -m mpi4py
 
 STAMP := $(VENV)/.installed-$(MPI)
+# PyTorch for mpicoll.torch and its tests, in both venvs. Pinned to one
+# exact version because the backend leans on torch.distributed internals
+# that change between releases (a Python ProcessGroup's method names, the
+# comm-hook signature check); a plain "torch" would also let pip pick a
+# multi-GB CUDA build. The local index serves the CPU build (2.13.0+cpu).
+# TORCH= leaves torch out (its tests then skip). The torch tests run at
+# p <= 4 (tests/torch_helpers.py); measured on a machine loaded by other jobs
+# (load 8-19 on 2 cores): MPICH p=2 30 s; Open MPI p=2 122 s, p=4 327 s.
+TORCH ?= torch==2.13.0
 # tests/test_mpi_library.py checks that the venv's mpi4py really runs on this MPI.
 export MPICOLL_EXPECT_MPI := $(MPI)
 
@@ -46,6 +57,7 @@ $(STAMP): pyproject.toml setup.py csrc/*.c csrc/*.h csrc/build_kernels.py
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -e '.[$(MPI),test,examples]'
+	$(if $(TORCH),$(VENV)/bin/pip install -q '$(TORCH)')
 	touch $@
 
 install: $(STAMP)
@@ -141,7 +153,20 @@ bench-compression: $(STAMP)
 bench-bucketing: $(STAMP)
 	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 4 $(MPIRUN_PY) -m mpicoll.bench bucketing
 
-.PHONY: bench-overlap bench-overhead example-dropin
+.PHONY: bench-overlap bench-overhead example-dropin train-ddp bench-torch
+
+train-ddp: $(STAMP)
+	@for b in mpicoll gloo; do for h in none allreduce fp16 bf16 topk; do \
+	  echo "== mpiexec -n 4 examples/train_ddp.py --backend $$b --hook $$h"; \
+	  timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 4 $(MPIRUN_PY) examples/train_ddp.py --backend $$b --hook $$h || exit 1; \
+	done; done
+
+BENCH_TORCH_NPROCS ?= 2 4
+bench-torch: $(STAMP)
+	@for n in $(BENCH_TORCH_NPROCS); do \
+	  echo "== mpiexec -n $$n python -m mpicoll.bench torch"; \
+	  timeout $(BENCH_TIMEOUT) $(MPIEXEC) -n $$n $(MPIRUN_PY) -m mpicoll.bench torch || exit 1; \
+	done
 
 # Every nonblocking algorithm; three sizes keep the run within the timeout.
 OVERLAP_FLAGS ?= --sizes-mib 1,4,16

@@ -1,0 +1,203 @@
+"""DDP communication hooks that run on mpicoll.
+
+    from mpicoll.torch import hooks
+    model = DistributedDataParallel(net)                       # backend "mpicoll" or "gloo"
+    model.register_comm_hook(hooks.State(), hooks.allreduce_hook)
+    model.register_comm_hook(hooks.State(algorithm="ring"), hooks.allreduce_hook)
+    model.register_comm_hook(hooks.State(reproducible=True), hooks.allreduce_hook)
+    model.register_comm_hook(hooks.State(), hooks.fp16_hook)   # or bf16_hook
+    model.register_comm_hook(hooks.State(topk_ratio=0.01), hooks.topk_hook)
+
+Every hook averages the bucket over the ranks, like DDP's own all-reduce.
+``State(comm=None)`` takes the MPI communicator from the process group when
+it is an mpicoll one, else MPI.COMM_WORLD (gloo launched with mpi://, whose
+ranks are MPI's); it duplicates it, so the hooks' messages never meet
+anything else. Create the State on every rank at the same point (it is
+collective) and keep one per model.
+
+How each one runs:
+
+* ``allreduce_hook``: mpicoll's nonblocking all-reduce on the bucket's
+  memory, in place; it returns at once and the backward pass goes on. The
+  future is completed from mpicoll's progress thread (or, without it, from
+  a waiter thread that advances the request - DDP waits on the future in
+  C++, where no Python test()/wait() would ever make progress).
+  ``reproducible=True``: bit-identical results for any p and algorithm,
+  with mpicoll's nonblocking reproducible all-reduce where it has one, else
+  the blocking one inside the hook (no overlap).
+* ``fp16_hook`` / ``bf16_hook``: the bucket, divided by the world size, plus
+  this rank's carried rounding error, is cast to 16 bits *in the hook*; the
+  plain nonblocking all-reduce sums the 16-bit buffer (half the bytes);
+  the completion callback widens it back into the bucket. What the cast
+  lost is kept per bucket and added to the next iteration's bucket (error
+  feedback), so rounding errors are delayed, not dropped.
+* ``topk_hook``: ``mpicoll.iallreduce(..., compression=TopK)`` - each rank
+  sends its k largest entries, the rest stays in a per-bucket residual
+  (error feedback, see mpicoll/compression.py). With an mpicoll whose
+  iallreduce lacks ``compression=``, the blocking compressed all-reduce runs
+  on one worker thread per State instead, in bucket order (the same order on
+  every rank, which keeps the blocking collectives matched).
+
+The hook's second parameter must be named ``bucket``: torch 2.13 checks the
+signature of a Python hook, and the return annotation too, so this module
+keeps real annotations (no ``from __future__ import annotations``, which
+would turn them into strings that fail that check).
+"""
+
+import inspect
+import queue
+import threading
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+
+import mpicoll
+
+from . import _compat
+from .backend import ProcessGroupMpicoll, reducible
+
+# Whether this mpicoll's iallreduce takes compression= and reproducible=
+# (newer ones do); without, those hooks fall back as described above.
+_IALLREDUCE_ARGS = set(inspect.signature(mpicoll.iallreduce).parameters)
+NONBLOCKING_COMPRESSION = "compression" in _IALLREDUCE_ARGS
+NONBLOCKING_REPRODUCIBLE = "reproducible" in _IALLREDUCE_ARGS
+
+
+class State:
+    """What the hooks keep between iterations: communicator, options, residuals."""
+
+    def __init__(self, process_group=None, *, comm=None, algorithm="auto", reproducible=False, topk_ratio=0.01):
+        if comm is None:
+            pg = process_group if process_group is not None else dist.group.WORLD
+            comm = pg.comm if isinstance(pg, ProcessGroupMpicoll) else MPI.COMM_WORLD
+        self.comm = comm.Dup()
+        self.size = self.comm.Get_size()
+        self.algorithm = algorithm
+        self.reproducible = reproducible
+        self.topk_ratio = topk_ratio
+        self.residuals = {}  # bucket index -> float32 tensor (fp16/bf16 error feedback)
+        self.topk = {}  # bucket index -> mpicoll.TopK
+        self._worker = None
+
+    def residual(self, index: int, like: torch.Tensor) -> torch.Tensor:
+        r = self.residuals.get(index)
+        if r is None or r.shape != like.shape:  # DDP rebuilds its buckets after the first iteration
+            r = self.residuals[index] = torch.zeros_like(like)
+        return r
+
+    def run_in_order(self, fn) -> torch.futures.Future[torch.Tensor]:
+        """Run ``fn()`` on this State's worker thread after everything submitted before it."""
+        if self._worker is None:
+            self._worker = _Worker()
+        return self._worker.submit(fn)
+
+
+class _Worker:
+    def __init__(self):
+        self._queue = queue.SimpleQueue()
+        threading.Thread(target=self._run, name="mpicoll-torch-hook", daemon=True).start()
+
+    def submit(self, fn) -> torch.futures.Future[torch.Tensor]:
+        fut = torch.futures.Future()
+        self._queue.put((fn, fut))
+        return fut
+
+    def _run(self):
+        while True:
+            fn, fut = self._queue.get()
+            try:
+                result = fn()
+            except BaseException as exc:
+                fut.set_exception(exc)
+            else:
+                fut.set_result(result)
+
+
+def _future_of(req, finish) -> torch.futures.Future[torch.Tensor]:
+    """A future completed with ``finish()`` once mpicoll request ``req`` is."""
+    fut = torch.futures.Future()
+
+    def done(err):
+        if err is not None:
+            fut.set_exception(err)
+            return
+        try:
+            result = finish()
+        except BaseException as exc:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(result)
+    _compat.when_done(req, done)
+    return fut
+
+
+def allreduce_hook(state: State, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Average the bucket with mpicoll's nonblocking all-reduce (in place)."""
+    buf = bucket.buffer()
+    arr, dt = reducible(buf)
+    if state.reproducible and NONBLOCKING_REPRODUCIBLE:
+        req = mpicoll.iallreduce(arr, "avg", comm=state.comm, out=arr, dtype=dt, algorithm=state.algorithm,
+                                 reproducible=True)
+        return _future_of(req, lambda: buf)
+    if state.reproducible:
+        mpicoll.allreduce(arr, "avg", comm=state.comm, out=arr, dtype=dt, reproducible=True)
+        fut = torch.futures.Future()
+        fut.set_result(buf)
+        return fut
+    req = mpicoll.iallreduce(arr, "avg", comm=state.comm, out=arr, dtype=dt, algorithm=state.algorithm)
+    return _future_of(req, lambda: buf)
+
+
+def _half_hook(state: State, bucket: dist.GradBucket, dtype: torch.dtype) -> torch.futures.Future[torch.Tensor]:
+    buf = bucket.buffer()
+    # Divided first, so a float16 sum of p ranks cannot overflow where the average would not.
+    scaled = buf / state.size
+    if buf.dtype in (torch.float32, torch.float64):
+        res = state.residual(bucket.index(), buf)
+        scaled += res
+        half = scaled.to(dtype)
+        torch.sub(scaled, half.to(buf.dtype), out=res)  # what the cast lost, carried to the next iteration
+    else:
+        half = scaled.to(dtype)
+    arr, dt = reducible(half)
+    req = mpicoll.iallreduce(arr, "sum", comm=state.comm, out=arr, dtype=dt, algorithm=state.algorithm)
+
+    def finish():
+        buf.copy_(half)
+        return buf
+    return _future_of(req, finish)
+
+
+def fp16_hook(state: State, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Average the bucket sent as float16, with error feedback."""
+    return _half_hook(state, bucket, torch.float16)
+
+
+def bf16_hook(state: State, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Average the bucket sent as bfloat16, with error feedback."""
+    return _half_hook(state, bucket, torch.bfloat16)
+
+
+def topk_hook(state: State, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Average the bucket's top-k entries, the rest carried over (error feedback)."""
+    buf = bucket.buffer()
+    index = bucket.index()
+    if buf.dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"mpicoll topk_hook: float32/float64 buckets only, got {buf.dtype}")
+    topk = state.topk.get(index)
+    if topk is None or (topk.residual is not None and topk.residual.size != buf.numel()):  # buckets rebuilt
+        topk = state.topk[index] = mpicoll.TopK(state.topk_ratio)
+    arr = buf.numpy()
+    if NONBLOCKING_COMPRESSION:
+        req = mpicoll.iallreduce(arr, "avg", comm=state.comm, out=arr, compression=topk)
+        return _future_of(req, lambda: buf)
+
+    def run():
+        mpicoll.allreduce(arr, "avg", comm=state.comm, out=arr, compression=topk)
+        return buf
+    return state.run_in_order(run)
+
+
+HOOKS = {"allreduce": allreduce_hook, "fp16": fp16_hook, "bf16": bf16_hook, "topk": topk_hook}

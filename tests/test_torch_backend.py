@@ -1,0 +1,252 @@
+"""The "mpicoll" torch.distributed backend against numpy/torch references and gloo."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from torch_helpers import skip_if_too_many_ranks, torch  # noqa: F401  (skips without torch)
+
+import torch.distributed as dist  # noqa: E402
+
+pytestmark = pytest.mark.mpi
+
+R = dist.ReduceOp
+REDUCIBLE = [torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.float16, torch.bfloat16,
+             torch.float32, torch.float64]
+INTS = [d for d in REDUCIBLE if not d.is_floating_point]
+OPS = {R.SUM: lambda s: s.sum(0), R.PRODUCT: lambda s: s.prod(0), R.MIN: lambda s: s.amin(0),
+       R.MAX: lambda s: s.amax(0)}
+BITOPS = {R.BAND: np.bitwise_and, R.BOR: np.bitwise_or, R.BXOR: np.bitwise_xor}
+
+
+@pytest.fixture(scope="module")
+def pg():
+    skip_if_too_many_ranks()
+    import mpicoll.torch  # noqa: F401
+
+    dist.init_process_group("mpicoll", init_method="mpi://")
+    gloo = dist.new_group(backend="gloo")
+    yield gloo
+    dist.destroy_process_group()
+
+
+def values(dtype, rank, n=13, op=None, seed=0):
+    """Small exact values (any reduction order gives the same result); powers of two for products."""
+    g = np.random.default_rng([seed, rank])
+    if op == R.PRODUCT:
+        v = g.choice([1, 2] if dtype in (torch.uint8,) else [-1, 1, 2], n)
+    elif dtype is torch.uint8:
+        v = g.integers(0, 8, n)
+    else:
+        v = g.integers(-8, 8, n)
+    return torch.from_numpy(v).to(dtype)
+
+
+def everyone(fn, p):
+    return torch.stack([fn(r) for r in range(p)])
+
+
+@pytest.mark.parametrize("dtype", REDUCIBLE, ids=str)
+@pytest.mark.parametrize("op", list(OPS), ids=lambda o: str(o).split(".")[-1])
+def test_all_reduce_every_dtype_and_op(pg, dtype, op):
+    p, r = dist.get_world_size(), dist.get_rank()
+    t = values(dtype, r, op=op)
+    dist.all_reduce(t, op=op)
+    want = OPS[op](everyone(lambda q: values(dtype, q, op=op).to(torch.float64 if dtype.is_floating_point
+                                                                   else torch.int64), p)).to(dtype)
+    assert torch.equal(t, want)
+
+
+@pytest.mark.parametrize("dtype", INTS, ids=str)
+@pytest.mark.parametrize("op", list(BITOPS), ids=lambda o: str(o).split(".")[-1])
+def test_all_reduce_bitwise(pg, dtype, op):
+    p, r = dist.get_world_size(), dist.get_rank()
+    t = values(dtype, r)
+    dist.all_reduce(t, op=op)
+    want = BITOPS[op].reduce(np.stack([values(dtype, q).numpy() for q in range(p)]), axis=0)
+    assert np.array_equal(t.numpy(), want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64], ids=str)
+def test_all_reduce_avg(pg, dtype):
+    p, r = dist.get_world_size(), dist.get_rank()
+    t = values(dtype, r)
+    dist.all_reduce(t, op=R.AVG)
+    want = everyone(lambda q: values(dtype, q).double(), p).mean(0)
+    torch.testing.assert_close(t.double(), want, atol=0.05, rtol=0.01)
+
+
+def test_all_reduce_bool(pg):
+    p, r = dist.get_world_size(), dist.get_rank()
+    t = torch.tensor([r == 0, True, False, r % 2 == 1])
+    dist.all_reduce(t)  # sum of bools: "any"
+    assert t.tolist() == [True, True, False, p > 1]
+    t = torch.tensor([r == 0, True])
+    dist.all_reduce(t, op=R.MIN)
+    assert t.tolist() == [p == 1, True]
+
+
+def test_all_reduce_noncontiguous_and_zero_dim(pg):
+    p, r = dist.get_world_size(), dist.get_rank()
+    base = torch.zeros(6, 4)
+    view = base[:, 1]  # strided
+    view.fill_(r + 1)
+    dist.all_reduce(view)
+    assert (base[:, 1] == p * (p + 1) / 2).all() and (base[:, 0] == 0).all()
+    s = torch.tensor(float(r))
+    dist.all_reduce(s, op=R.MAX)
+    assert s.item() == p - 1
+    e = torch.empty(0)
+    dist.all_reduce(e)
+
+
+def test_all_reduce_matches_gloo(pg):
+    r = dist.get_rank()
+    x = torch.from_numpy(np.random.default_rng([7, r]).standard_normal(10_000).astype(np.float32))
+    a, b = x.clone(), x.clone()
+    dist.all_reduce(a)
+    dist.all_reduce(b, group=pg)
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_all_reduce_is_in_place_without_copies(pg):
+    t = torch.ones(1000)
+    ptr = t.data_ptr()
+    dist.all_reduce(t)
+    assert t.data_ptr() == ptr and (t == dist.get_world_size()).all()
+
+
+def test_async_work_wait_and_future(pg):
+    p, r = dist.get_world_size(), dist.get_rank()
+    ts = [torch.full((1 << 16,), float(r + i)) for i in range(4)]
+    works = [dist.all_reduce(t, async_op=True) for t in ts]
+    futs = [w.get_future() for w in works[:2]]
+    for w in works[2:]:
+        assert w.wait()
+    for i, f in enumerate(futs):
+        out = f.wait()
+        assert (out[0] == ts[i]).all()
+    for i, t in enumerate(ts):
+        assert (t == sum(q + i for q in range(p))).all()
+    assert all(w.is_completed() for w in works)
+    w = dist.broadcast(torch.zeros(3), 0, async_op=True)
+    w.wait()
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.int8, torch.bfloat16, torch.float16, torch.float64,
+                                   torch.complex64], ids=str)
+def test_broadcast_every_root(pg, dtype):
+    p, r = dist.get_world_size(), dist.get_rank()
+    for root in range(p):
+        src = (torch.arange(7) % 2 + root).to(dtype)
+        t = src.clone() if r == root else torch.zeros(7, dtype=dtype)
+        dist.broadcast(t, root)
+        assert torch.equal(t, src)
+
+
+def test_all_gather_forms(pg):
+    p, r = dist.get_world_size(), dist.get_rank()
+    mine = torch.arange(3, dtype=torch.bfloat16) + r
+    outs = [torch.empty(3, dtype=torch.bfloat16) for _ in range(p)]
+    dist.all_gather(outs, mine)
+    for q, o in enumerate(outs):
+        assert torch.equal(o, torch.arange(3, dtype=torch.bfloat16) + q)
+    flat = torch.empty(3 * p, dtype=torch.bfloat16)
+    dist.all_gather_into_tensor(flat, mine)
+    assert torch.equal(flat, torch.cat(outs))
+    obj = [None] * p
+    dist.all_gather_object(obj, {"rank": r, "s": "x" * r})
+    assert obj == [{"rank": q, "s": "x" * q} for q in range(p)]
+    lst = [r, "b"] if r == 0 else [None, None]
+    dist.broadcast_object_list(lst, 0)
+    assert lst == [0, "b"]
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.float16, torch.bfloat16, torch.float32], ids=str)
+def test_reduce_scatter_forms(pg, dtype):
+    p, r = dist.get_world_size(), dist.get_rank()
+    inputs = [values(dtype, r * p + q, n=5) for q in range(p)]
+    out = torch.empty(5, dtype=dtype)
+    dist.reduce_scatter(out, inputs)
+    want = sum(values(dtype, q * p + r, n=5).double() for q in range(p)).to(dtype)
+    assert torch.equal(out, want)
+    out2 = torch.empty(5, dtype=dtype)
+    dist.reduce_scatter_tensor(out2, torch.cat(inputs), op=R.MAX)
+    want2 = torch.stack([values(dtype, q * p + r, n=5) for q in range(p)]).double().amax(0).to(dtype)
+    assert torch.equal(out2, want2)
+
+
+def test_reduce_every_root(pg):
+    p, r = dist.get_world_size(), dist.get_rank()
+    for root in range(p):
+        t = torch.full((4,), float(r + 1), dtype=torch.bfloat16)
+        dist.reduce(t, root, op=R.SUM)
+        if r == root:
+            assert (t == p * (p + 1) / 2).all()
+        else:
+            assert (t == r + 1).all()  # non-roots keep their input
+
+
+def test_barrier_send_recv_gather_scatter(pg):
+    p, r = dist.get_world_size(), dist.get_rank()
+    dist.barrier()
+    if p > 1:
+        right, left = (r + 1) % p, (r - 1) % p
+        got = torch.empty(3, dtype=torch.int64)
+        w = dist.isend(torch.full((3,), r), right, tag=5)
+        dist.recv(got, left, tag=5)
+        w.wait()
+        assert (got == left).all()
+    g = [torch.empty(2) for _ in range(p)] if r == 0 else None
+    dist.gather(torch.full((2,), float(r)), g, dst=0)
+    if r == 0:
+        assert [x[0].item() for x in g] == list(range(p))
+    out = torch.empty(2)
+    dist.scatter(out, [torch.full((2,), float(q)) for q in range(p)] if r == 0 else None, src=0)
+    assert (out == r).all()
+    src = torch.arange(2 * p, dtype=torch.float32) + 100 * r
+    dst = torch.empty(2 * p)
+    dist.all_to_all_single(dst, src)
+    assert dst.tolist() == [100 * q + 2 * r + i for q in range(p) for i in range(2)]
+
+
+def test_functional_collectives(pg):
+    import torch.distributed._functional_collectives as fc
+
+    p, r = dist.get_world_size(), dist.get_rank()
+    t = torch.full((4,), float(r))
+    y = fc.wait_tensor(fc.all_reduce(t, "sum", dist.group.WORLD))
+    assert (y == sum(range(p))).all()
+    g = fc.wait_tensor(fc.all_gather_tensor(t, 0, dist.group.WORLD))
+    assert g.shape == (4 * p,) and g[::4].tolist() == [float(q) for q in range(p)]
+    s = fc.wait_tensor(fc.reduce_scatter_tensor(torch.ones(2 * p), "sum", 0, dist.group.WORLD))
+    assert s.tolist() == [float(p)] * 2
+
+
+def test_subgroups_and_group_of_one(pg):
+    p, r = dist.get_world_size(), dist.get_rank()
+    singles = [dist.new_group([q]) for q in range(p)]  # every rank creates every group, in the same order
+    t = torch.full((3,), float(r))
+    dist.all_reduce(t, group=singles[r])
+    assert (t == r).all()
+    evens = list(range(0, p, 2))
+    g = dist.new_group(evens)
+    gl = dist.new_group(evens, backend="gloo")
+    if r in evens:
+        a, b = torch.full((5,), r + 1.0), torch.full((5,), r + 1.0)
+        dist.all_reduce(a, group=g)
+        dist.all_reduce(b, group=gl)
+        assert torch.equal(a, b) and a[0].item() == sum(q + 1 for q in evens)
+        assert dist.get_rank(g) == evens.index(r) and dist.get_world_size(g) == len(evens)
+        x = torch.full((2,), float(r)) if r == evens[-1] else torch.zeros(2)
+        dist.broadcast(x, evens[-1], group=g)  # global rank as root
+        assert (x == evens[-1]).all()
+
+
+def test_avg_of_integers_raises_on_every_rank_before_sending(pg):
+    with pytest.raises((TypeError, ValueError), match="avg"):
+        dist.all_reduce(torch.ones(2, dtype=torch.int32), op=R.AVG)
+    dist.barrier()  # nothing was left in flight
