@@ -148,16 +148,17 @@ def wait_until(req, deadline, rank, collective, step, seq=-1) -> None:
     mpicoll makes outside a schedule (state creation, the pre-flight check)."""
     pause = 0.0
     while not req.Test():
-        if time.monotonic() >= deadline:
+        now = time.monotonic()
+        if now >= deadline:
             coll = collective or "collective"
             raise CollectiveTimeout(
                 f"mpicoll: {coll} timed out on rank {rank}: step {step}, waiting for the other ranks (inside "
                 f"the MPI library's collective){'' if seq < 0 else f', call #{seq} on this communicator'}. A rank "
                 "probably skipped this call, called another collective, or died.", collective=coll, algorithm="-",
                 step=step, peers=[], nbytes=-1, seq=seq, rank=rank)
-        # Spin briefly, then back off to at most 1 ms (as schedule._wait_until).
-        pause = min(max(pause * 2, 1e-6), 1e-3)
-        time.sleep(pause if pause > 20e-6 else 0)
+        # Once per communicator or per checked call: no need to spin first.
+        pause = min(max(pause * 2, 20e-6), 1e-3)
+        time.sleep(pause)
 
 
 def _agree(comm, rank: int, size: int, deadline=None, collective=""):
