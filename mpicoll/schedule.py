@@ -291,10 +291,14 @@ def wait_ops(ops, deadline=None) -> None:
 
 
 # A wait with a deadline polls without sleeping for this long, as MPI's own
-# blocking wait spins: the first sleep costs 50-100 us of wake-up latency,
-# several times a small message's whole step (it made an 8-byte ring
-# all-reduce 3-4x slower when the backoff started after a few polls).
-SPIN_S = 1e-3
+# blocking wait spins (forever). Sleeping sooner slows the normal path: the
+# first version began sleeping after a few polls, and each sleep's wake-up
+# latency (50-100 us idle; a whole scheduler slice, milliseconds, on a loaded
+# node, where a peer is often descheduled for longer than 1 ms) made small
+# and medium all-reduces several times slower. A wait that lasts longer than
+# this is a late or missing peer, where a poll every millisecond costs
+# nothing measurable and leaves the core to whoever needs it.
+SPIN_S = 0.1
 
 
 def _wait_until(ops, reqs, statuses, deadline) -> None:
