@@ -7,6 +7,7 @@
 #   make bench             all-reduce sweep vs MPI_Allreduce at p = 2 and 4 -> bench-out/ (+ model fit)
 #   make tune              measure and write a tuning profile for algorithm="auto"
 #   make train             data-parallel MLP on the digits, 4 ranks: uncompressed, fp16, bf16, top-k
+#   make train-sharded / train-stale   ShardedOptimizer vs all-reduce (p=2,4); staleness 0,1,2 with a slow rank
 #   make bench-compression / bench-bucketing   compressed and bucketed all-reduce, 4 ranks
 #   make fuzz              the property tests with many more examples
 #   make sanitize          kernels under ASan+UBSan (own venv), valgrind on a small MPI run
@@ -110,7 +111,23 @@ tune: $(STAMP)
 clean:
 	rm -rf build *.egg-info mpicoll/_kernels*.so mpicoll/_kernels.c
 
-.PHONY: train bench-compression bench-bucketing
+.PHONY: train train-sharded train-stale bench-compression bench-bucketing
+
+# README's tables: sharded vs all-reduce at p = 2 and 4 (same bits with the ring), and
+# bounded staleness at p = 4 with rank 3 sleeping 5 ms per step.
+train-sharded: $(STAMP)
+	@for n in 2 4; do \
+	  echo "== mpiexec -n $$n examples/train_data_parallel.py --sharded --compare --algorithm ring"; \
+	  timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n $(MPIRUN_PY) examples/train_data_parallel.py --no-single \
+	    --sharded --compare --algorithm ring || exit 1; \
+	done
+
+train-stale: $(STAMP)
+	@for k in 0 1 2; do \
+	  echo "== mpiexec -n 4 examples/train_data_parallel.py --staleness $$k --slow-rank 3 --slow-ms 5"; \
+	  timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 4 $(MPIRUN_PY) examples/train_data_parallel.py --no-single \
+	    --epochs 10 --lr 0.05 --momentum 0 --staleness $$k --slow-rank 3 --slow-ms 5 || exit 1; \
+	done
 
 train: $(STAMP)
 	@for c in none fp16 bf16 topk; do \

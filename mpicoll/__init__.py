@@ -29,6 +29,8 @@ from .plan import Persistent
 from .dropin import Comm  # noqa: F401  (mpi4py drop-in: comm = mpicoll.Comm(MPI.COMM_WORLD))
 from . import nonblocking  # noqa: F401
 from .bucketing import GradientBucketer, HalfPrecision, TopK  # noqa: F401  (data-parallel training)
+from .sharded import ShardedOptimizer  # noqa: F401
+from .stale import StaleAllreduce  # noqa: F401
 
 __version__ = "0.1.0"
 
@@ -36,4 +38,5 @@ __all__ = ["allreduce", "reduce_scatter", "allgather", "bcast", "reduce",
            "iallreduce", "ireduce_scatter", "iallgather", "ibcast", "ireduce",
            "allreduce_init", "reduce_scatter_init", "allgather_init", "bcast_init", "reduce_init",
            "explain", "algorithms", "waitall", "Request", "Persistent", "Comm", "GradientBucketer",
-           "HalfPrecision", "TopK", "MismatchError", "CollectiveTimeout", "__version__"]
+           "ShardedOptimizer", "StaleAllreduce", "HalfPrecision", "TopK", "MismatchError", "CollectiveTimeout",
+           "__version__"]

@@ -134,6 +134,9 @@ class CommState:
 
 
 ENV_FAKE_NODE_SIZE = "MPICOLL_FAKE_NODE_SIZE"
+# Settings every rank must share: checked once per communicator, when its
+# state is created.
+AGREED_ENV = ("MPICOLL_ALGORITHM", "MPICOLL_CHECK", "MPICOLL_TIMEOUT", ENV_FAKE_NODE_SIZE)
 
 
 def _digest(prof) -> int:
@@ -171,13 +174,27 @@ def _agree(comm, rank: int, size: int, deadline=None, collective=""):
         host = zlib.crc32(MPI.Get_processor_name().encode())
     if size == 1:
         return prof, "", 1, 1
-    mine = np.array([host, _digest(prof)], np.int64)
-    table = np.empty((size, 2), np.int64)
+    env = tuple(os.environ.get(k) for k in AGREED_ENV)
+    mine = np.array([host, _digest(prof), zlib.crc32(repr(env).encode())], np.int64)
+    table = np.empty((size, 3), np.int64)
     if deadline is None:
         comm.Allgather(mine, table)
     else:
         wait_until(comm.Iallgather(mine, table), deadline, rank, collective,
                    "creating mpicoll's state: allgather of profile and node layout")
+    if len(set(table[:, 2].tolist())) > 1:
+        # Every rank sees the same table, so every rank raises here, together.
+        envs = comm.allgather(env)
+        from .errors import MismatchError
+
+        bad = [k for i, k in enumerate(AGREED_ENV) if len({e[i] for e in envs}) > 1]
+        groups = {}
+        for r, e in enumerate(envs):
+            groups.setdefault(tuple(e[AGREED_ENV.index(k)] for k in bad), []).append(r)
+        raise MismatchError(f"mpicoll: {', '.join(bad)} must be the same on every rank (a rank that decides "
+                            "differently leaves the others waiting): "
+                            + "; ".join(f"{dict(zip(bad, v))} on ranks {rs}" for v, rs in groups.items()),
+                            bad[0], groups)
     note = ""
     if len(set(table[:, 1].tolist())) > 1:
         # Some rank would decide differently: everyone takes rank 0's profile.

@@ -177,6 +177,6 @@ def test_small_auto_calls_make_no_node_communicators():
         st = state(comm)
         assert "node" not in st.extra and "nonblocking" not in st.extra
         mpicoll.allreduce(np.ones(1000, np.float32), comm=comm, algorithm="shm")
-        assert "node" in st.extra
+        assert ("node" in st.extra) == (comm.size > 1)  # one rank runs no algorithm at all
     finally:
         comm.Free()
