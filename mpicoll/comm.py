@@ -36,12 +36,14 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import zlib
 
 import numpy as np
 from mpi4py import MPI
 
 from . import profile as _profile
+from .errors import CollectiveTimeout
 
 _keyval = None
 # Fast path in front of the attribute: communicator handle -> state. An
@@ -64,12 +66,20 @@ class CommState:
     because mpi4py's ``Get_rank()`` costs a call into MPI each time.
     """
 
-    def __init__(self, user_comm: MPI.Intracomm):
+    def __init__(self, user_comm: MPI.Intracomm, deadline=None, collective=""):
         self.handle = user_comm.handle
         # A plain Intracomm even when the user's is a subclass (mpicoll.Comm,
         # whose Dup returns its own class): our point-to-point and native
         # calls must reach MPI, not an override that calls back into mpicoll.
-        self.comm: MPI.Intracomm = MPI.Intracomm(user_comm.Dup())
+        if deadline is None:
+            self.comm: MPI.Intracomm = MPI.Intracomm(user_comm.Dup())
+        else:
+            # The duplicate is the first collective step of a program's first
+            # call: if a rank skipped that call, a blocking Dup would wait
+            # forever, before any deadline-aware code runs.
+            dup, req = MPI.Intracomm.Idup(user_comm)
+            wait_until(req, deadline, user_comm.Get_rank(), collective, "creating mpicoll's state: MPI_Comm_idup")
+            self.comm = MPI.Intracomm(dup)  # the handle is valid only once the request completed
         self.rank: int = self.comm.Get_rank()
         self.size: int = self.comm.Get_size()
         self._scratch = {}
@@ -81,9 +91,11 @@ class CommState:
         # MPI guarantees tags up to 32767; tag 0 stays free for nothing in particular.
         self.tag_span = max(1024, min(int(MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) or 32767), 1 << 20) - 1)
         try:
-            self.profile, self.profile_note, self.ranks_per_node, self.nodes = _agree(self.comm, self.rank,
-                                                                                      self.size)
+            self.profile, self.profile_note, self.ranks_per_node, self.nodes = _agree(
+                self.comm, self.rank, self.size, deadline, collective)
         except BaseException:
+            # Not cached: free the duplicate (local; its pending allgather may
+            # never complete, which MPI_Comm_free allows).
             self.comm.Free()
             raise
 
@@ -133,7 +145,26 @@ def _digest(prof) -> int:
     return zlib.crc32(json.dumps(prof.to_json(), sort_keys=True).encode()) or 1
 
 
-def _agree(comm, rank: int, size: int):
+def wait_until(req, deadline, rank, collective, step, seq=-1) -> None:
+    """Complete ``req`` by ``deadline`` (time.monotonic()), or raise
+    CollectiveTimeout naming ``step``. Used for the few MPI collectives
+    mpicoll makes outside a schedule (state creation, the pre-flight check)."""
+    pause = 0.0
+    while not req.Test():
+        now = time.monotonic()
+        if now >= deadline:
+            coll = collective or "collective"
+            raise CollectiveTimeout(
+                f"mpicoll: {coll} timed out on rank {rank}: step {step}, waiting for the other ranks (inside "
+                f"the MPI library's collective){'' if seq < 0 else f', call #{seq} on this communicator'}. A rank "
+                "probably skipped this call, called another collective, or died.", collective=coll, algorithm="-",
+                step=step, peers=[], nbytes=-1, seq=seq, rank=rank)
+        # Once per communicator or per checked call: no need to spin first.
+        pause = min(max(pause * 2, 20e-6), 1e-3)
+        time.sleep(pause)
+
+
+def _agree(comm, rank: int, size: int, deadline=None, collective=""):
     """(profile, note, ranks_per_node, nodes), identical on every rank (collective)."""
     prof = _profile.current()
     fake = os.environ.get(ENV_FAKE_NODE_SIZE)
@@ -146,7 +177,11 @@ def _agree(comm, rank: int, size: int):
     env = tuple(os.environ.get(k) for k in AGREED_ENV)
     mine = np.array([host, _digest(prof), zlib.crc32(repr(env).encode())], np.int64)
     table = np.empty((size, 3), np.int64)
-    comm.Allgather(mine, table)
+    if deadline is None:
+        comm.Allgather(mine, table)
+    else:
+        wait_until(comm.Iallgather(mine, table), deadline, rank, collective,
+                   "creating mpicoll's state: allgather of profile and node layout")
     if len(set(table[:, 2].tolist())) > 1:
         # Every rank sees the same table, so every rank raises here, together.
         envs = comm.allgather(env)
@@ -173,8 +208,10 @@ def _agree(comm, rank: int, size: int):
     return prof, note, max(hosts.values()), len(hosts)
 
 
-def state(comm: MPI.Intracomm) -> CommState:
-    """The cached state of ``comm``, created (collectively) on first use."""
+def state(comm: MPI.Intracomm, timeout=None, collective="") -> CommState:
+    """The cached state of ``comm``, created (collectively) on first use;
+    with ``timeout`` (seconds), a creation that has not completed by then
+    raises CollectiveTimeout on this rank (``collective`` names the call)."""
     st = _by_handle.get(comm.handle)
     if st is not None:
         return st
@@ -183,7 +220,7 @@ def state(comm: MPI.Intracomm) -> CommState:
         _keyval = MPI.Comm.Create_keyval(delete_fn=_delete_state)
     st = comm.Get_attr(_keyval)
     if st is None:
-        st = CommState(comm)
+        st = CommState(comm, None if timeout is None else time.monotonic() + timeout, collective)
         comm.Set_attr(_keyval, st)
     _by_handle[st.handle] = st
     return st

@@ -226,10 +226,10 @@ def _finish(st, red, flat):
     return None
 
 
-def _settle(st, collective, name, entry, knobs, buf, check_on, sig):
+def _settle(st, collective, name, entry, knobs, buf, check_on, sig, timeout=None):
     """Stage 3 after the decision: pre-flight agreement, then collective set-up."""
     if check_on:
-        _check.preflight(st, collective, True, algorithm=name, **sig)
+        _check.preflight(st, collective, True, algorithm=name, timeout=timeout, **sig)
     if entry is not None and entry.prepare is not None and st.size > 1:
         entry.prepare(st, buf, **knobs)
 
@@ -246,7 +246,7 @@ def options(collective, algorithm, check, timeout, knobs):
     return name, entry, knobs, check_on, timeout
 
 
-def _decide(st, collective, name, entry, knobs, buf, check_on, sig, native_dtype=True):
+def _decide(st, collective, name, entry, knobs, buf, check_on, sig, native_dtype=True, timeout=None):
     """Stage 3 for the collectives other than allreduce: "auto" resolved by
     select.simple, then _settle. Returns (name, entry)."""
     if st.size == 1:
@@ -257,7 +257,7 @@ def _decide(st, collective, name, entry, knobs, buf, check_on, sig, native_dtype
     if entry is None:
         name = select.simple(collective, st.size, buf.nbytes, native_dtype=native_dtype).name
         entry = _alg.get(collective, name)
-    _settle(st, collective, name, entry, knobs, buf, check_on, sig)
+    _settle(st, collective, name, entry, knobs, buf, check_on, sig, timeout)
     return name, entry
 
 
@@ -307,7 +307,7 @@ def _allreduce(x, op, comm, out, algorithm, dtype, compression, reproducible, ch
         src = None if buffers.same_memory(result, arr) else buffers.storage(arr, dt)
     flat = buffers.storage(result, dt)
     # -- stage 2 --
-    st = state(comm)
+    st = state(comm, timeout, "allreduce")
     p = st.size
     native = dt.mpi is not None
     # -- stage 3 --
@@ -327,7 +327,7 @@ def _allreduce(x, op, comm, out, algorithm, dtype, compression, reproducible, ch
 
         name = "reproducible"
         _settle(st, "allreduce", name, None, {}, flat, check_on,
-                dict(count=arr.size, dtype=dt.name, op=red.op.name))
+                dict(count=arr.size, dtype=dt.name, op=red.op.name), timeout)
         _rep.prepare(st, flat)
         plan = Plan(st, "allreduce", name, flat.nbytes, result, lambda ctx: _rep.allreduce(ctx, flat, red, src),
                     finish=_finish(st, red, flat), timeout=timeout)
@@ -339,7 +339,8 @@ def _allreduce(x, op, comm, out, algorithm, dtype, compression, reproducible, ch
         entry = _alg.get("allreduce", name)
         knobs = {"segment_bytes": c.segment_bytes} if c.segment_bytes and "segment_bytes" in entry.knobs \
             else _NO_KNOBS
-    _settle(st, "allreduce", name, entry, knobs, flat, check_on, dict(count=arr.size, dtype=dt.name, op=red.op.name))
+    _settle(st, "allreduce", name, entry, knobs, flat, check_on, dict(count=arr.size, dtype=dt.name, op=red.op.name),
+            timeout)
     sched = entry.schedule
     plan = Plan(st, "allreduce", name, flat.nbytes, result,
                 (lambda ctx: sched(ctx, flat, red, src, **knobs)) if knobs else (lambda ctx: sched(ctx, flat, red, src)),
@@ -366,10 +367,11 @@ def _compressed(x, op, comm, out, algorithm, dtype, compression, reproducible, c
     comm = check_intracomm(comm)
     result = buffers.output(out, arr.shape, arr.dtype)
     buffers.same_memory(result, arr)  # ValueError on a partial overlap; in place is fine
-    st = state(comm)
+    st = state(comm, timeout, "allreduce")
     name = f"compressed-{c.name}"
     if check_on:
-        _check.preflight(st, "allreduce", True, count=arr.size, dtype=arr.dtype.str, op=o.name, algorithm=name)
+        _check.preflight(st, "allreduce", True, count=arr.size, dtype=arr.dtype.str, op=o.name, algorithm=name,
+                         timeout=timeout)
     src, dst = arr.reshape(-1), result.reshape(-1)
     plan = Plan(st, "allreduce", name, dst.nbytes, result,
                 lambda ctx: _compression.schedule(ctx, src, dst, o.average, c), timeout=timeout)
@@ -400,12 +402,12 @@ def reduce_scatter(x, op="sum", *, comm=None, counts=None, out=None, algorithm="
     result = buffers.output(out, (b - a,), arr.dtype)
     flat = buffers.storage(result, dt)
     srcflat = buffers.storage(arr, dt)
-    st = state(comm)
+    st = state(comm, timeout, "reduce_scatter")
     pool = {} if nonblocking else st.pool
     # The algorithms reduce in place: never in the caller's input.
     work = _sched.Context(st, 0, pool).scratch("reduce_scatter", srcflat.size, srcflat.dtype) if p > 1 else srcflat
     name, entry = _decide(st, "reduce_scatter", name, entry, knobs, work, check_on,
-                          dict(count=n, dtype=dt.name, op=red.op.name, counts=counts), dt.mpi is not None)
+                          dict(count=n, dtype=dt.name, op=red.op.name, counts=counts), dt.mpi is not None, timeout)
 
     def prologue():
         if work is not srcflat:
@@ -454,8 +456,8 @@ def allgather_bytes(comm, flat, mine, rank, p, name, entry, knobs, check_on, tim
     bounds = [(i * block, (i + 1) * block) for i in range(p)] if p * block == flat.size \
         else block_bounds(flat.size, p)
     a, b = bounds[rank]
-    st = state(comm)
-    name, entry = _decide(st, "allgather", name, entry, knobs, flat, check_on, sig)
+    st = state(comm, timeout, "allgather")
+    name, entry = _decide(st, "allgather", name, entry, knobs, flat, check_on, sig, timeout=timeout)
 
     def prologue():
         if not in_place:
@@ -488,9 +490,9 @@ def bcast(x, root=0, *, comm=None, algorithm="auto", check=None, timeout=None, k
 
 
 def bcast_bytes(comm, data, root, name, entry, knobs, check_on, timeout, result, sig, nonblocking) -> Plan:
-    st = state(comm)
+    st = state(comm, timeout, "bcast")
     p = st.size
-    name, entry = _decide(st, "bcast", name, entry, knobs, data, check_on, sig)
+    name, entry = _decide(st, "bcast", name, entry, knobs, data, check_on, sig, timeout=timeout)
     sched = None
     if p > 1 and data.size:
         s = entry.schedule
@@ -513,7 +515,7 @@ def reduce(x, op="sum", root=0, *, comm=None, out=None, algorithm="auto", dtype=
     is_root = comm.Get_rank() == root
     result = buffers.output(out, arr.shape, arr.dtype) if is_root else None
     src = buffers.storage(arr, dt)
-    st = state(comm)
+    st = state(comm, timeout, "reduce")
     p = st.size
     pool = {} if nonblocking else st.pool
     if is_root:
@@ -523,7 +525,7 @@ def reduce(x, op="sum", root=0, *, comm=None, out=None, algorithm="auto", dtype=
         work = _sched.Context(st, 0, pool).scratch("reduce", src.size, src.dtype)
         copy_in = True
     name, entry = _decide(st, "reduce", name, entry, knobs, work, check_on,
-                          dict(count=arr.size, dtype=dt.name, op=red.op.name, root=root), dt.mpi is not None)
+                          dict(count=arr.size, dtype=dt.name, op=red.op.name, root=root), dt.mpi is not None, timeout)
 
     def prologue():
         if copy_in:

@@ -290,18 +290,32 @@ def wait_ops(ops, deadline=None) -> None:
     check_received(mops, statuses)
 
 
+# A wait with a deadline polls without sleeping for this long, as MPI's own
+# blocking wait spins (forever). Sleeping sooner slows the normal path: the
+# first version began sleeping after a few polls, and each sleep's wake-up
+# latency (50-100 us idle; a whole scheduler slice, milliseconds, on a loaded
+# node, where a peer is often descheduled for longer than 1 ms) made small
+# and medium all-reduces several times slower. A wait that lasts longer than
+# this is a late or missing peer, where a poll every millisecond costs
+# nothing measurable and leaves the core to whoever needs it.
+SPIN_S = 0.1
+
+
 def _wait_until(ops, reqs, statuses, deadline) -> None:
-    """Waitall with a deadline: poll, yielding the core between polls."""
+    """Waitall with a deadline: spin, then poll with a growing sleep."""
+    spin_end = time.monotonic() + SPIN_S
     pause = 0.0
     while not MPI.Request.Testall(reqs, statuses):
         now = time.monotonic()
         if now >= deadline:
             raise timeout_error(ops)
-        # Spin briefly, then back off to at most 1 ms: a deadline must not
-        # slow a wait that completes in microseconds, nor burn a core that a
-        # late peer needs.
-        pause = min(max(pause * 2, 1e-6), 1e-3)
-        time.sleep(pause if pause > 20e-6 else 0)
+        if now < spin_end:
+            continue
+        # Past the spin, back off to at most 1 ms: a peer that is late by
+        # more than that is not hurried by polling, and on an oversubscribed
+        # node it may need this core.
+        pause = min(max(pause * 2, 20e-6), 1e-3)
+        time.sleep(pause)
 
 
 def run(gen, deadline=None) -> None:

@@ -70,13 +70,17 @@ class _Case:
         self.comm, self.algorithm, self.mode, self.red = comm, algorithm, mode, red
         self.x, self.out = x, out
         self.dtype_name = dtype_name
+        # "ring@60": the same algorithm with timeout=60 (--timeout)
+        name, _, tmo = algorithm.partition("@")
+        self.name = name
+        self.options = {"timeout": float(tmo)} if tmo else {}
 
     def fill(self, values: np.ndarray) -> None:
         self.x[...] = values
         self.out[...] = values
 
     def call(self) -> None:
-        a, x, out, comm = self.algorithm, self.x, self.out, self.comm
+        a, x, out, comm = self.name, self.x, self.out, self.comm
         if a == NATIVE:
             datatype, op = _typed(self.red)
             if self.mode == "in":
@@ -85,9 +89,11 @@ class _Case:
                 comm.Allreduce([x, datatype], [out, datatype], op)
             self.red.finish(out, comm.Get_size())  # avg: MPI has no such op
         elif self.mode == "in":
-            mpicoll.allreduce(out, self.red.op.name, comm=comm, out=out, algorithm=a, dtype=self.dtype_name)
+            mpicoll.allreduce(out, self.red.op.name, comm=comm, out=out, algorithm=a, dtype=self.dtype_name,
+                              **self.options)
         else:
-            mpicoll.allreduce(x, self.red.op.name, comm=comm, out=out, algorithm=a, dtype=self.dtype_name)
+            mpicoll.allreduce(x, self.red.op.name, comm=comm, out=out, algorithm=a, dtype=self.dtype_name,
+                              **self.options)
 
     def result(self) -> np.ndarray:
         return self.out
@@ -180,7 +186,7 @@ def _progress(done: int, total: int, label: str, t0: float, enabled: bool) -> No
 def run(comm=None, sizes: Optional[Sequence[int]] = None, algorithms: Optional[Sequence[str]] = None,
         op: str = "sum", dtype: str = "float32", modes: Sequence[str] = MODES, scale: float = 1.0,
         repeat: int = 1, progress: Optional[bool] = None, validate: bool = True,
-        stream_bytes: int = 64 << 20, stat: str = "min", budget_s: float = 0.25) -> dict:
+        stream_bytes: int = 64 << 20, stat: str = "min", budget_s: float = 0.25, timeout=None) -> dict:
     """Run the sweep; every rank returns the same result dict (rank 0 prints).
 
     ``algorithms`` defaults to auto, every registered algorithm and
@@ -201,6 +207,10 @@ def run(comm=None, sizes: Optional[Sequence[int]] = None, algorithms: Optional[S
             raise ValueError(f"bench: unknown algorithm {a!r}; known: {', '.join(known + [NATIVE])}")
     if NATIVE not in algs:
         algs.append(NATIVE)
+    if timeout is not None:
+        # Each mpicoll algorithm once more with a deadline, interleaved with
+        # the plain one: what waiting with a deadline costs.
+        algs += [f"{a}@{timeout:g}" for a in algs if a != NATIVE]
     for m in modes:
         if m not in MODES:
             raise ValueError(f"bench: mode must be one of {MODES}, got {m!r}")
@@ -294,6 +304,17 @@ def run(comm=None, sizes: Optional[Sequence[int]] = None, algorithms: Optional[S
 from .report import plot, summary, table, write_csv, write_json  # noqa: E402,F401
 
 
+def timeout_ratios(result) -> str:
+    """Markdown table: time with a deadline / time without, per size and algorithm."""
+    t = {(r["bytes"], r["algorithm"], r["mode"]): r["time_us"] for r in result["rows"]}
+    algs = [a for a in result["meta"]["algorithms"] if "@" in a]
+    lines = ["| bytes | mode | " + " | ".join(algs) + " |", "|---|---|" + "---|" * len(algs)]
+    for nb, m in dict.fromkeys((k[0], k[2]) for k in t):
+        cells = [f"{t[(nb, a, m)] / t[(nb, a.partition('@')[0], m)]:.3f}" for a in algs]
+        lines.append(f"| {nb} | {m} | " + " | ".join(cells) + " |")
+    return "time with timeout / time without (same run, interleaved):\n" + "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="mpiexec -n P python -m mpicoll.bench [allreduce]",
                                  description="All-reduce sweep: every algorithm against MPI_Allreduce.")
@@ -315,6 +336,8 @@ def main(argv=None) -> int:
     ap.add_argument("--csv", help="write the rows as CSV")
     ap.add_argument("--plot", help="write latency and busbw plots (PNG; needs matplotlib)")
     ap.add_argument("--explain", action="store_true", help="print auto's choice and reason for each size")
+    ap.add_argument("--timeout", type=float, default=None,
+                    help="also run every algorithm with timeout=SECONDS, interleaved, and print the time ratios")
     prog = ap.add_mutually_exclusive_group()
     prog.add_argument("--progress", dest="progress", action="store_true", default=None,
                       help="progress bar on stderr (default: when stderr is a terminal)")
@@ -328,9 +351,12 @@ def main(argv=None) -> int:
     modes = MODES if args.mode == "both" else (args.mode,)
     comm = MPI.COMM_WORLD
     result = run(comm, sizes, algs, args.op, args.dtype, modes, args.scale, args.repeat, args.progress,
-                 not args.no_validate, stat=args.stat, stream_bytes=max(8, int(args.stream_mib * (1 << 20))))
+                 not args.no_validate, stat=args.stat, stream_bytes=max(8, int(args.stream_mib * (1 << 20))),
+                 timeout=args.timeout)
     if comm.Get_rank() == 0:
         print(table(result, args.explain), flush=True)
+        if args.timeout is not None:
+            print(timeout_ratios(result), flush=True)
         if args.json:
             write_json(result, args.json)
         if args.csv:
