@@ -167,3 +167,14 @@ def _shared_memory_rule(nbytes: int, ranks_per_node: int, nodes: int):
                                       f"{HIERARCHICAL_MIN_BYTES} B: shared memory inside nodes, "
                                       "one slice per rank across nodes")
     return None
+
+
+# ---- scatter, gather, allgatherv, alltoall, alltoallv -----------------------------
+# Measured with `python -m mpicoll.bench family` (docs/algorithms.md).
+
+def family(collective: str, p: int, nbytes: int) -> Choice:
+    """The data-movement collectives added with scatter. ``nbytes`` is the
+    same on every rank (scatter/gather: all blocks; allgatherv: the result;
+    alltoall: one rank's send buffer; alltoallv: -1, since its ranks know
+    only their own counts, so its rule cannot depend on size)."""
+    return Choice("mpi", "the MPI library's own implementation")
