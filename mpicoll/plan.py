@@ -27,6 +27,7 @@ settled once, ``start()``/``wait()`` many times).
 """
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -721,8 +722,9 @@ def _placed(mine, full, a, what):
 def family_plan(st, collective, name, entry, knobs, nbytes, result, args, *, prologue=None, timeout=None,
                 check_on=False, sig=None, nonblocking=False, empty=False) -> Plan:
     """Stage 3 of the five builders: decide, check, and build the plan whose
-    schedule is ``entry.schedule(ctx, *args, **knobs)``. ``nbytes`` must be
-    the same on every rank (the decision depends on it)."""
+    schedule is ``entry.schedule(ctx, *args, **knobs)``. ``nbytes`` and
+    ``empty`` must be the same on every rank: the decision depends on the
+    one, and skipping the call (no tag, no native call) on the other."""
     p = st.size
     if p == 1:
         name = "mpi" if name == "auto" else name
@@ -767,7 +769,7 @@ def scatter(x, root=0, *, comm=None, out=None, counts=None, algorithm="auto", ch
             shape = arr.shape[1:]
         else:
             shape = np.shape(out)
-        cnts = [int(np.prod(shape, dtype=np.int64))] * p
+        cnts = [math.prod(shape)] * p
     else:
         cnts = counts_of(counts, p)
         if is_root and arr.size != sum(cnts):
@@ -791,8 +793,7 @@ def scatter(x, root=0, *, comm=None, out=None, counts=None, algorithm="auto", ch
     sig = dict(count=cnts[0] if counts is None else -1, dtype=dtype.str, root=root,
                counts=None if counts is None else cnts)
     return family_plan(st, "scatter", name, entry, knobs, bounds[-1][1], result, (buf, bounds, root),
-                       prologue=copy, timeout=timeout, check_on=check_on, sig=sig, nonblocking=nonblocking,
-                       empty=bounds[-1][1] == 0)
+                       prologue=copy, timeout=timeout, check_on=check_on, sig=sig, nonblocking=nonblocking)
 
 
 def gather(x, root=0, *, comm=None, out=None, counts=None, algorithm="auto", check=None, timeout=None,
@@ -827,8 +828,7 @@ def gather(x, root=0, *, comm=None, out=None, counts=None, algorithm="auto", che
     sig = dict(count=cnts[0] if counts is None else -1, dtype=arr.dtype.str, root=root,
                counts=None if counts is None else cnts)
     return family_plan(st, "gather", name, entry, knobs, bounds[-1][1], result, (buf, bounds, root),
-                       prologue=copy, timeout=timeout, check_on=check_on, sig=sig, nonblocking=nonblocking,
-                       empty=bounds[-1][1] == 0)
+                       prologue=copy, timeout=timeout, check_on=check_on, sig=sig, nonblocking=nonblocking)
 
 
 def allgatherv(x, counts, *, comm=None, out=None, algorithm="auto", check=None, timeout=None, knobs=None,
@@ -874,9 +874,10 @@ def _alltoall_plan(collective, comm, arr, result, scounts, rcounts, name, entry,
     elif st.size == 1:
         def prologue():
             dst[...] = src
+    # alltoallv's totals are rank-local: only alltoall may skip an empty call.
     return family_plan(st, collective, name, entry, knobs, nbytes, result, (src, dst, sb, rb), prologue=prologue,
                        timeout=timeout, check_on=check_on, sig=sig, nonblocking=nonblocking,
-                       empty=src.size == 0 and dst.size == 0)
+                       empty=collective == "alltoall" and src.size == 0)
 
 
 def alltoall(x, *, comm=None, out=None, algorithm="auto", check=None, timeout=None, knobs=None,

@@ -238,3 +238,82 @@ def test_persistent(collective):
             else:
                 _eq(got, want)
         req.free()
+
+
+def _comm_cases(mc, plain, alg):
+    """(label, call(comm, ...) -> None) pairs run on mpicoll.Comm and on plain
+    mpi4py with fresh, identical buffers; returns the buffers to compare."""
+    dt = np.float64
+    counts = [(r * 3) % 5 for r in range(P)]
+    displs = [sum(counts[:r]) for r in range(P)]
+    total = sum(counts)
+    root = P - 1
+    yield "Scatter", lambda c: (lambda s, r: (c.Scatter(s, r, root), r))(
+        np.arange(P * 4, dtype=dt) if RANK == root else None, np.zeros(4, dt))
+    yield "Scatterv", lambda c: (lambda s, r: (c.Scatterv([s, (counts, displs), MPI.DOUBLE] if RANK == root else None,
+                                                          r, root), r))(np.arange(total, dtype=dt), np.zeros(counts[RANK], dt))
+    yield "Gather", lambda c: (lambda s, r: (c.Gather(s, r, root), r))(np.full(3, RANK, dt), np.zeros(3 * P, dt))
+    yield "Gatherv", lambda c: (lambda s, r: (c.Gatherv(s, [r, (counts, displs), MPI.DOUBLE], root), r))(
+        np.full(counts[RANK], RANK, dt), np.zeros(total, dt))
+    yield "Gather in place", lambda c: (lambda r: (c.Gather(MPI.IN_PLACE if RANK == root else r[:2], r, root), r))(
+        np.full(2 * P, RANK, dt))
+    yield "Allgatherv", lambda c: (lambda s, r: (c.Allgatherv(s, [r, (counts, None), MPI.DOUBLE]), r))(
+        np.full(counts[RANK], RANK + 0.5, dt), np.zeros(total, dt))
+    yield "Allgatherv in place", lambda c: (lambda r: (r.__setitem__(slice(displs[RANK], displs[RANK] + counts[RANK]), RANK),
+                                                       c.Allgatherv(MPI.IN_PLACE, [r, counts]), r)[1:])(np.zeros(total, dt))
+    yield "Alltoall", lambda c: (lambda s, r: (c.Alltoall(s, r), r))(np.arange(2 * P, dtype=np.int32) + 100 * RANK,
+                                                                     np.zeros(2 * P, np.int32))
+    yield "Alltoall in place", lambda c: (lambda r: (c.Alltoall(MPI.IN_PLACE, r), r))(np.arange(P, dtype=np.int16) + RANK)
+    sc = [(RANK + j) % 3 for j in range(P)]
+    rc = [(i + RANK) % 3 for i in range(P)]
+    yield "Alltoallv", lambda c: (lambda s, r: (c.Alltoallv([s, (sc, None), MPI.INT], [r, (rc, None), MPI.INT]), r))(
+        np.arange(sum(sc), dtype=np.int32) + 10 * RANK, np.zeros(sum(rc), np.int32))
+
+
+@pytest.mark.parametrize("algorithm", ["auto", "mpi", "linear", "binomial", "ring", "pairwise", "bruck"])
+def test_comm_methods(algorithm):
+    mc = mpicoll.Comm(COMM)
+    method_coll = {"Scatter": "scatter", "Scatterv": "scatter", "Gather": "gather", "Gatherv": "gather",
+                   "Allgatherv": "allgatherv", "Alltoall": "alltoall", "Alltoallv": "alltoallv"}
+    for label, call in _comm_cases(mc, COMM, algorithm):
+        coll = method_coll[label.split()[0]]
+        if not mpicoll.algorithms.has(coll, algorithm) and algorithm != "auto":
+            continue
+        _, want = call(COMM)
+
+        class _Wrap:  # the same calls, with algorithm= added
+            def __getattr__(self, name):
+                return lambda *a: getattr(mc, name)(*a, algorithm=algorithm)
+        _, got = call(_Wrap())
+        _eq(got, want)
+
+
+def test_comm_nonblocking_and_persistent():
+    mc = mpicoll.Comm(COMM)
+    x = np.arange(3 * P, dtype=np.float32) + RANK
+    want = np.empty_like(x)
+    COMM.Alltoall(x, want)
+    y1, y2 = np.empty_like(x), np.empty_like(x)
+    reqs = [mc.Ialltoall(x, y1, algorithm="bruck"), mc.Ialltoall(x, y2, algorithm="pairwise")]
+    for i in ((1, 0) if RANK % 2 else (0, 1)):
+        reqs[i].Wait()
+    _eq(y1, want)
+    _eq(y2, want)
+    counts = [1 + r % 2 for r in range(P)]
+    mine = np.full(counts[RANK], RANK, np.int64)
+    out = np.zeros(sum(counts), np.int64)
+    req = mc.Allgatherv_init(mine, [out, counts], algorithm="ring")
+    for it in range(3):
+        mine[...] = RANK + it
+        req.Start()
+        req.Wait()
+        _eq(out, np.concatenate([np.full(c, r + it, np.int64) for r, c in enumerate(counts)]))
+    req.Free()
+    # a derived datatype: mpi4py's own method
+    vec = MPI.INT.Create_vector(2, 1, 2).Commit()
+    s = np.arange(4 * P, dtype=np.int32)
+    r1, r2 = np.zeros(4 * P, np.int32), np.zeros(4 * P, np.int32)
+    COMM.Alltoall([s, 1, vec], [r1, 1, vec])
+    mc.Alltoall([s, 1, vec], [r2, 1, vec])
+    vec.Free()
+    _eq(r1, r2)
