@@ -31,6 +31,8 @@ from .plan import Persistent
 from .dropin import Comm  # noqa: F401  (mpi4py drop-in: comm = mpicoll.Comm(MPI.COMM_WORLD))
 from . import nonblocking  # noqa: F401
 from .bucketing import GradientBucketer, HalfPrecision, TopK  # noqa: F401  (data-parallel training)
+from .sharded import ShardedOptimizer  # noqa: F401
+from .stale import StaleAllreduce  # noqa: F401
 
 __version__ = "0.1.0"
 
@@ -41,4 +43,5 @@ __all__ = ["allreduce", "reduce_scatter", "allgather", "bcast", "reduce",
            "iscatter", "igather", "iallgatherv", "ialltoall", "ialltoallv",
            "scatter_init", "gather_init", "allgatherv_init", "alltoall_init", "alltoallv_init",
            "explain", "algorithms", "waitall", "Request", "Persistent", "Comm", "GradientBucketer",
-           "HalfPrecision", "TopK", "MismatchError", "CollectiveTimeout", "__version__"]
+           "ShardedOptimizer", "StaleAllreduce", "HalfPrecision", "TopK", "MismatchError", "CollectiveTimeout",
+           "__version__"]

@@ -56,18 +56,20 @@ class _Cached:
     """A cached small all-reduce: the plan and what it was built from."""
 
     __slots__ = ("plan", "x", "out", "op", "comm", "algorithm", "shape", "dtype", "env", "fn", "args", "st",
-                 "finish")
+                 "finish", "options")
 
-    def __init__(self, plan, x, out, op, comm, algorithm, env):
+    def __init__(self, plan, x, out, op, comm, algorithm, env, options):
         self.plan, self.x, self.out, self.op, self.comm, self.algorithm = plan, x, out, op, comm, algorithm
+        self.options = options
         self.shape, self.dtype, self.env = x.shape, x.dtype, env
         self.st = plan.st
         self.finish = plan.finish
         self.fn = self.args = None
         nat = plan.native
         if nat is not None and plan.timeout is None:
-            if nat.direct is not None:
-                self.fn, self.args = nat.direct
+            direct = nat.direct() if nat.direct is not None else None
+            if direct is not None:
+                self.fn, self.args = direct
             else:
                 self.fn, self.args = nat.blocking, ()
 
@@ -140,7 +142,7 @@ def allreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", **options):
     # recent call, no options, and an unchanged environment run the cached
     # plan's native call directly (see _Cached).
     c = _cache.get(id(x))
-    if c is not None and not options:
+    if c is not None and (options == c.options if options else not c.options):
         res = short(c, x, out, op, comm, algorithm)
         if res is not None:
             return res
@@ -148,12 +150,13 @@ def allreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", **options):
         bad = set(options) - _OPTIONS
         if bad:
             raise TypeError(f"mpicoll: allreduce() got an unexpected keyword argument {sorted(bad)[0]!r}")
-    if type(op) is str and not options and type(x) is np.ndarray and (out is None or type(out) is np.ndarray):
-        plan = _plan.allreduce(x, op, comm=comm, out=out, algorithm=algorithm)
-        if plan.nbytes <= CACHE_MAX_BYTES:
+    if type(op) is str and type(x) is np.ndarray and (out is None or type(out) is np.ndarray) \
+            and _cacheable(options):
+        plan = _plan.allreduce(x, op, comm=comm, out=out, algorithm=algorithm, **options)
+        if plan.nbytes <= CACHE_MAX_BYTES and not plan.check_sig:
             if len(_cache) >= CACHE_SIZE:
                 _cache.clear()
-            _cache[id(x)] = _Cached(plan, x, out, op, comm, algorithm, _env_raw())
+            _cache[id(x)] = _Cached(plan, x, out, op, comm, algorithm, _env_raw(), dict(options))
             res = plan.run()
             return res.copy() if out is None else res
         return plan.run()
@@ -161,6 +164,17 @@ def allreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", **options):
 
 
 _OPTIONS = frozenset(("dtype", "compression", "reproducible", "check", "timeout"))
+
+
+def _cacheable(options) -> bool:
+    """Options a kept plan can serve again: not compression (top-k keeps a
+    residual) and not check=True (its pre-flight runs once per call)."""
+    for k, v in options.items():
+        if k == "compression" and v is not None or k == "check" and v is not False and v is not None:
+            return False
+        if not isinstance(v, (str, bool, int, float, type(None))):
+            return False
+    return True
 
 
 def reduce_scatter(x, op="sum", *, comm=None, counts=None, out=None, algorithm="auto", dtype=None,

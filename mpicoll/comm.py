@@ -74,12 +74,18 @@ class CommState:
         self.size: int = self.comm.Get_size()
         self._scratch = {}
         self.pool = {}  # scratch of blocking calls (schedule.Context.scratch), reused call after call
+        self.idle_pools = []  # scratch dictionaries of completed nonblocking calls, for the next ones
         self.extra = {}  # per-algorithm cached state (e.g. node communicators)
         self.seq = 0
         self.freed = False
         # MPI guarantees tags up to 32767; tag 0 stays free for nothing in particular.
         self.tag_span = max(1024, min(int(MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) or 32767), 1 << 20) - 1)
-        self.profile, self.profile_note, self.ranks_per_node, self.nodes = _agree(self.comm, self.rank, self.size)
+        try:
+            self.profile, self.profile_note, self.ranks_per_node, self.nodes = _agree(self.comm, self.rank,
+                                                                                      self.size)
+        except BaseException:
+            self.comm.Free()
+            raise
 
     def next_seq(self):
         """(sequence number, tag) of the next collective call on this communicator."""
@@ -104,6 +110,7 @@ class CommState:
     def free(self) -> None:
         self.freed = True
         self.pool.clear()
+        self.idle_pools.clear()
         for v in self.extra.values():
             free = getattr(v, "free", None)
             if free is not None:
@@ -115,6 +122,9 @@ class CommState:
 
 
 ENV_FAKE_NODE_SIZE = "MPICOLL_FAKE_NODE_SIZE"
+# Settings every rank must share: checked once per communicator, when its
+# state is created.
+AGREED_ENV = ("MPICOLL_ALGORITHM", "MPICOLL_CHECK", "MPICOLL_TIMEOUT", ENV_FAKE_NODE_SIZE)
 
 
 def _digest(prof) -> int:
@@ -133,9 +143,23 @@ def _agree(comm, rank: int, size: int):
         host = zlib.crc32(MPI.Get_processor_name().encode())
     if size == 1:
         return prof, "", 1, 1
-    mine = np.array([host, _digest(prof)], np.int64)
-    table = np.empty((size, 2), np.int64)
+    env = tuple(os.environ.get(k) for k in AGREED_ENV)
+    mine = np.array([host, _digest(prof), zlib.crc32(repr(env).encode())], np.int64)
+    table = np.empty((size, 3), np.int64)
     comm.Allgather(mine, table)
+    if len(set(table[:, 2].tolist())) > 1:
+        # Every rank sees the same table, so every rank raises here, together.
+        envs = comm.allgather(env)
+        from .errors import MismatchError
+
+        bad = [k for i, k in enumerate(AGREED_ENV) if len({e[i] for e in envs}) > 1]
+        groups = {}
+        for r, e in enumerate(envs):
+            groups.setdefault(tuple(e[AGREED_ENV.index(k)] for k in bad), []).append(r)
+        raise MismatchError(f"mpicoll: {', '.join(bad)} must be the same on every rank (a rank that decides "
+                            "differently leaves the others waiting): "
+                            + "; ".join(f"{dict(zip(bad, v))} on ranks {rs}" for v, rs in groups.items()),
+                            bad[0], groups)
     note = ""
     if len(set(table[:, 1].tolist())) > 1:
         # Some rank would decide differently: everyone takes rank 0's profile.

@@ -39,11 +39,9 @@ import math
 
 import numpy as np
 
-from . import buffers
 from . import ops as _ops
 from ._kernels import ffi, lib
 from .algorithms import ring_compressed, sparse_allgather
-from .comm import check_intracomm, state
 
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 

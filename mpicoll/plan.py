@@ -166,10 +166,13 @@ class Plan:
         self.timeout = timeout
         self.pool = None  # scratch: st.pool when blocking, own dict when nonblocking/persistent
         self.native = native  # schedule.NativeCall for the MPI library's collective (fast paths)
+        self.check_sig = False  # the pre-flight check ran when the plan was built (per call: not reusable)
 
     def _context(self, pool):
-        seq, tag = self.st.next_seq()
-        return _sched.Context(self.st, tag, pool, (self.collective, self.algorithm, self.nbytes, seq))
+        st = self.st
+        seq = st.seq  # next_seq(), inlined: this is the per-call path
+        st.seq = seq + 1
+        return _sched.Context(st, 1 + seq % st.tag_span, pool, (self.collective, self.algorithm, self.nbytes, seq))
 
     def run(self):
         """Blocking."""
@@ -198,8 +201,22 @@ class Plan:
                 self.finish()
             return engine.Request.completed(self.result)
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
-        gen = self.schedule(self._context({} if pool is None else pool))
-        return engine.start(gen, self.result, self.finish, deadline, self.nbytes)
+        finish = self.finish
+        if pool is None:
+            # Scratch of completed nonblocking calls is reused (a fresh 16 MiB
+            # temporary costs about as much in page faults as reducing it).
+            idle = self.st.idle_pools
+            pool = idle.pop() if idle else {}
+            done = finish
+
+            def finish():
+                if done is not None:
+                    done()
+                if len(idle) < 4:
+                    idle.append(pool)
+
+        gen = self.schedule(self._context(pool))
+        return engine.start(gen, self.result, finish, deadline, self.nbytes)
 
 
 def _finish(st, red, flat):
@@ -210,12 +227,39 @@ def _finish(st, red, flat):
     return None
 
 
-def _settle(st, collective, name, entry, knobs, buf, check_on, sig, nonblocking):
+def _settle(st, collective, name, entry, knobs, buf, check_on, sig):
     """Stage 3 after the decision: pre-flight agreement, then collective set-up."""
     if check_on:
         _check.preflight(st, collective, True, algorithm=name, **sig)
     if entry is not None and entry.prepare is not None and st.size > 1:
         entry.prepare(st, buf, **knobs)
+
+
+def options(collective, algorithm, check, timeout, knobs):
+    """The local checks every collective shares: (algorithm name asked for,
+    its registry entry or None for "auto", knobs, check on?, timeout)."""
+    forced, env_check, env_timeout = env_settings()
+    check_on = check_flag(check, env_check)
+    timeout = timeout_of(timeout, env_timeout)
+    name = requested(collective, algorithm, forced)
+    entry = None if name == "auto" else _alg.get(collective, name)
+    knobs = knobs_of(entry, knobs) if entry is not None else {}
+    return name, entry, knobs, check_on, timeout
+
+
+def _decide(st, collective, name, entry, knobs, buf, check_on, sig, native_dtype=True):
+    """Stage 3 for the collectives other than allreduce: "auto" resolved by
+    select.simple, then _settle. Returns (name, entry)."""
+    if st.size == 1:
+        name = "mpi" if name == "auto" else name
+        if check_on:
+            _check.preflight(st, collective, True, algorithm=name, **sig)
+        return name, entry
+    if entry is None:
+        name = select.simple(collective, st.size, buf.nbytes, native_dtype=native_dtype).name
+        entry = _alg.get(collective, name)
+    _settle(st, collective, name, entry, knobs, buf, check_on, sig)
+    return name, entry
 
 
 def _blocking_pool(plan, nonblocking):
@@ -234,6 +278,14 @@ def allreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", dtype=None,
     """The plan of an all-reduce (see mpicoll.allreduce for the arguments)."""
     forced, env_check, env_timeout = env_settings()
     check_on = check_flag(check, env_check)
+    plan = _allreduce(x, op, comm, out, algorithm, dtype, compression, reproducible, check_on, timeout, knobs,
+                      nonblocking, forced, env_timeout)
+    plan.check_sig = check_on
+    return plan
+
+
+def _allreduce(x, op, comm, out, algorithm, dtype, compression, reproducible, check_on, timeout, knobs,
+               nonblocking, forced, env_timeout) -> Plan:
     timeout = timeout_of(timeout, env_timeout)
     if not isinstance(reproducible, bool):
         raise TypeError(f"mpicoll: reproducible must be a bool, not {type(reproducible).__name__}")
@@ -276,7 +328,7 @@ def allreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", dtype=None,
 
         name = "reproducible"
         _settle(st, "allreduce", name, None, {}, flat, check_on,
-                dict(count=arr.size, dtype=dt.name, op=red.op.name), nonblocking)
+                dict(count=arr.size, dtype=dt.name, op=red.op.name))
         _rep.prepare(st, flat)
         plan = Plan(st, "allreduce", name, flat.nbytes, result, lambda ctx: _rep.allreduce(ctx, flat, red, src),
                     finish=_finish(st, red, flat), timeout=timeout)
@@ -288,8 +340,7 @@ def allreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", dtype=None,
         entry = _alg.get("allreduce", name)
         knobs = {"segment_bytes": c.segment_bytes} if c.segment_bytes and "segment_bytes" in entry.knobs \
             else _NO_KNOBS
-    _settle(st, "allreduce", name, entry, knobs, flat, check_on,
-            dict(count=arr.size, dtype=dt.name, op=red.op.name), nonblocking)
+    _settle(st, "allreduce", name, entry, knobs, flat, check_on, dict(count=arr.size, dtype=dt.name, op=red.op.name))
     sched = entry.schedule
     plan = Plan(st, "allreduce", name, flat.nbytes, result,
                 (lambda ctx: sched(ctx, flat, red, src, **knobs)) if knobs else (lambda ctx: sched(ctx, flat, red, src)),
@@ -330,14 +381,9 @@ def _compressed(x, op, comm, out, algorithm, dtype, compression, reproducible, c
 
 def reduce_scatter(x, op="sum", *, comm=None, counts=None, out=None, algorithm="auto", dtype=None, check=None,
                    timeout=None, knobs=None, nonblocking=False) -> Plan:
-    forced, env_check, env_timeout = env_settings()
-    check_on = check_flag(check, env_check)
-    timeout = timeout_of(timeout, env_timeout)
+    name, entry, knobs, check_on, timeout = options("reduce_scatter", algorithm, check, timeout, knobs)
     arr, dt = buffers.as_reducible(x, dtype)
     red = reduction(op, dt)
-    name = requested("reduce_scatter", algorithm, forced)
-    entry = None if name == "auto" else _alg.get("reduce_scatter", name)
-    knobs = knobs_of(entry, knobs) if entry is not None else {}
     comm = check_intracomm(comm)
     p, rank = comm.Get_size(), comm.Get_rank()
     n = arr.size
@@ -356,19 +402,11 @@ def reduce_scatter(x, op="sum", *, comm=None, counts=None, out=None, algorithm="
     flat = buffers.storage(result, dt)
     srcflat = buffers.storage(arr, dt)
     st = state(comm)
-    if p == 1:
-        name = "mpi" if name == "auto" else name
-    elif entry is None:
-        name = select.simple("reduce_scatter", p, srcflat.nbytes, native_dtype=dt.mpi is not None).name
-        entry = _alg.get("reduce_scatter", name)
-    sig = dict(count=n, dtype=dt.name, op=red.op.name, counts=counts)
     pool = {} if nonblocking else st.pool
     # The algorithms reduce in place: never in the caller's input.
     work = _sched.Context(st, 0, pool).scratch("reduce_scatter", srcflat.size, srcflat.dtype) if p > 1 else srcflat
-    if p > 1:
-        _settle(st, "reduce_scatter", name, entry, knobs, work, check_on, sig, nonblocking)
-    elif check_on:
-        _check.preflight(st, "reduce_scatter", True, algorithm=name, **sig)
+    name, entry = _decide(st, "reduce_scatter", name, entry, knobs, work, check_on,
+                          dict(count=n, dtype=dt.name, op=red.op.name, counts=counts), dt.mpi is not None)
 
     def prologue():
         if work is not srcflat:
@@ -396,13 +434,8 @@ def reduce_scatter(x, op="sum", *, comm=None, counts=None, out=None, algorithm="
 
 def allgather(x, *, comm=None, out=None, algorithm="auto", check=None, timeout=None, knobs=None,
               nonblocking=False) -> Plan:
-    forced, env_check, env_timeout = env_settings()
-    check_on = check_flag(check, env_check)
-    timeout = timeout_of(timeout, env_timeout)
+    name, entry, knobs, check_on, timeout = options("allgather", algorithm, check, timeout, knobs)
     arr = buffers.as_array(x)
-    name = requested("allgather", algorithm, forced)
-    entry = None if name == "auto" else _alg.get("allgather", name)
-    knobs = knobs_of(entry, knobs) if entry is not None else {}
     comm = check_intracomm(comm)
     p, rank = comm.Get_size(), comm.Get_rank()
     result = buffers.output(out, (p,) + arr.shape, arr.dtype)
@@ -423,15 +456,7 @@ def allgather_bytes(comm, flat, mine, rank, p, name, entry, knobs, check_on, tim
         else block_bounds(flat.size, p)
     a, b = bounds[rank]
     st = state(comm)
-    if p == 1:
-        name = "mpi" if name == "auto" else name
-    elif entry is None:
-        name = select.simple("allgather", p, flat.nbytes).name
-        entry = _alg.get("allgather", name)
-    if p > 1:
-        _settle(st, "allgather", name, entry, knobs, flat, check_on, sig, nonblocking)
-    elif check_on:
-        _check.preflight(st, "allgather", True, algorithm=name, **sig)
+    name, entry = _decide(st, "allgather", name, entry, knobs, flat, check_on, sig)
 
     def prologue():
         if not in_place:
@@ -451,17 +476,12 @@ def allgather_bytes(comm, flat, mine, rank, p, name, entry, knobs, check_on, tim
 
 def bcast(x, root=0, *, comm=None, algorithm="auto", check=None, timeout=None, knobs=None,
           nonblocking=False) -> Plan:
-    forced, env_check, env_timeout = env_settings()
-    check_on = check_flag(check, env_check)
-    timeout = timeout_of(timeout, env_timeout)
+    name, entry, knobs, check_on, timeout = options("bcast", algorithm, check, timeout, knobs)
     if isinstance(x, np.ndarray) and not x.flags.c_contiguous:
         raise ValueError("mpicoll: bcast writes in place, so x must be C-contiguous")
     arr = buffers.as_array(x)
     if not arr.flags.writeable:
         raise ValueError("mpicoll: bcast writes in place, so x must be writable")
-    name = requested("bcast", algorithm, forced)
-    entry = None if name == "auto" else _alg.get("bcast", name)
-    knobs = knobs_of(entry, knobs) if entry is not None else {}
     comm = check_intracomm(comm)
     root = root_of(root, comm.Get_size())
     return bcast_bytes(comm, buffers.as_bytes(arr), root, name, entry, knobs, check_on, timeout, x,
@@ -471,15 +491,7 @@ def bcast(x, root=0, *, comm=None, algorithm="auto", check=None, timeout=None, k
 def bcast_bytes(comm, data, root, name, entry, knobs, check_on, timeout, result, sig, nonblocking) -> Plan:
     st = state(comm)
     p = st.size
-    if p == 1:
-        name = "mpi" if name == "auto" else name
-    elif entry is None:
-        name = select.simple("bcast", p, data.nbytes).name
-        entry = _alg.get("bcast", name)
-    if p > 1:
-        _settle(st, "bcast", name, entry, knobs, data, check_on, sig, nonblocking)
-    elif check_on:
-        _check.preflight(st, "bcast", True, algorithm=name, **sig)
+    name, entry = _decide(st, "bcast", name, entry, knobs, data, check_on, sig)
     sched = None
     if p > 1 and data.size:
         s = entry.schedule
@@ -494,14 +506,9 @@ def bcast_bytes(comm, data, root, name, entry, knobs, check_on, timeout, result,
 
 def reduce(x, op="sum", root=0, *, comm=None, out=None, algorithm="auto", dtype=None, check=None, timeout=None,
            knobs=None, nonblocking=False) -> Plan:
-    forced, env_check, env_timeout = env_settings()
-    check_on = check_flag(check, env_check)
-    timeout = timeout_of(timeout, env_timeout)
+    name, entry, knobs, check_on, timeout = options("reduce", algorithm, check, timeout, knobs)
     arr, dt = buffers.as_reducible(x, dtype)
     red = reduction(op, dt)
-    name = requested("reduce", algorithm, forced)
-    entry = None if name == "auto" else _alg.get("reduce", name)
-    knobs = knobs_of(entry, knobs) if entry is not None else {}
     comm = check_intracomm(comm)
     root = root_of(root, comm.Get_size())
     is_root = comm.Get_rank() == root
@@ -516,16 +523,8 @@ def reduce(x, op="sum", root=0, *, comm=None, out=None, algorithm="auto", dtype=
     else:  # the algorithms overwrite their buffer: never the caller's input
         work = _sched.Context(st, 0, pool).scratch("reduce", src.size, src.dtype)
         copy_in = True
-    if p == 1:
-        name = "mpi" if name == "auto" else name
-    elif entry is None:
-        name = select.simple("reduce", p, work.nbytes, native_dtype=dt.mpi is not None).name
-        entry = _alg.get("reduce", name)
-    sig = dict(count=arr.size, dtype=dt.name, op=red.op.name, root=root)
-    if p > 1:
-        _settle(st, "reduce", name, entry, knobs, work, check_on, sig, nonblocking)
-    elif check_on:
-        _check.preflight(st, "reduce", True, algorithm=name, **sig)
+    name, entry = _decide(st, "reduce", name, entry, knobs, work, check_on,
+                          dict(count=arr.size, dtype=dt.name, op=red.op.name, root=root), dt.mpi is not None)
 
     def prologue():
         if copy_in:

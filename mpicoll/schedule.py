@@ -91,7 +91,9 @@ class Context:
     ``st`` is the communicator's CommState, ``tag`` the call's tag, ``pool``
     the scratch dictionary the call may use (per communicator for blocking
     calls, per request for nonblocking and persistent ones). ``phase`` is a
-    label the schedule keeps current for error messages ("ring step 3").
+    label the schedule keeps current for error messages: a string, or a
+    (label, number) pair such as ("ring step", 3), which costs less to make
+    on the per-step path than a formatted string.
     """
 
     __slots__ = ("st", "comm", "rank", "size", "tag", "pool", "phase", "info")
@@ -132,7 +134,8 @@ class Context:
     def scratch(self, name: str, n: int, dtype) -> np.ndarray:
         """A temporary of ``n`` elements of ``dtype``, reused across calls
         that share this context's pool (never across concurrent calls)."""
-        dtype = np.dtype(dtype)
+        if type(dtype) is not np.dtype and not isinstance(dtype, np.dtype):
+            dtype = np.dtype(dtype)
         nbytes = n * dtype.itemsize
         buf = self.pool.get(name)
         if buf is None or buf.nbytes < nbytes:
@@ -172,10 +175,14 @@ def check_received(ops, statuses) -> None:
                 raise size_mismatch(op, got)
 
 
+def phase_text(phase) -> str:
+    return f"{phase[0]} {phase[1]}" if isinstance(phase, tuple) else str(phase)
+
+
 def size_mismatch(op: Op, got: int) -> MismatchError:
     ctx = op.ctx
     what = f"got {got}" if got >= 0 else "got a longer message (truncated)"
-    where = f" ({ctx.phase})" if ctx.phase else ""
+    where = f" ({phase_text(ctx.phase)})" if ctx.phase else ""
     coll = f"{ctx.info[0]}/{ctx.info[1]}: " if ctx.info else ""
     return MismatchError(
         f"mpicoll: {coll}rank {ctx.rank}{where}: expected {op.buf.nbytes} bytes from rank {op.peer}, {what}: "
@@ -223,7 +230,7 @@ def timeout_error(ops, pending=None) -> CollectiveTimeout:
     coll, alg, nbytes, seq = ctx.info if ctx is not None and ctx.info else ("?", "?", -1, -1)
     parts = "; ".join(op.describe() for op in waiting[:8]) + ("; ..." if len(waiting) > 8 else "")
     who = f"rank(s) {', '.join(map(str, peers))}" if peers else "the other ranks (inside the MPI library's collective)"
-    phase = ctx.phase if ctx is not None and ctx.phase else "-"
+    phase = phase_text(ctx.phase) if ctx is not None and ctx.phase else "-"
     rank = ctx.rank if ctx is not None else -1
     return CollectiveTimeout(
         f"mpicoll: {coll} timed out on rank {rank}: algorithm {alg}, step {phase}, waiting for {who}: {parts}; "
@@ -236,24 +243,39 @@ def timeout_error(ops, pending=None) -> CollectiveTimeout:
 
 def wait_ops(ops, deadline=None) -> None:
     """Post what is not posted yet and wait for all of ``ops``."""
+    if len(ops) == 1:
+        op = ops[0]
+        if op.req is None and op.kind == NATIVE and deadline is None:
+            op.blocking()  # one native collective: MPI's blocking call, no request
+            return
+    # The common batch, point-to-point only, in one pass: post, collect.
     reqs = []
-    n_mpi = 0
+    custom = None
     for op in ops:
+        kind = op.kind
+        if kind == CUSTOM:
+            if op.req is None:
+                _post(op)
+            custom = True
+            continue
         if op.req is None:
-            if op.kind == NATIVE and deadline is None and len(ops) == 1:
-                op.blocking()  # one native collective: MPI's blocking call, no request
-                return
-            _post(op)
-        if op.kind != CUSTOM:
-            n_mpi += 1
-    for op in ops:
-        if op.kind == CUSTOM:
-            if not op.custom.wait(deadline):
-                raise timeout_error(ops, [o is not op for o in ops])
-    if not n_mpi:
-        return
-    reqs = [op.req for op in ops if op.kind != CUSTOM]
-    mops = [op for op in ops if op.kind != CUSTOM] if n_mpi != len(ops) else ops
+            ctx = op.ctx
+            if kind == SEND:
+                op.req = ctx.comm.Isend([op.buf, BYTE], op.peer, ctx.tag)
+            elif kind == RECV:
+                op.req = ctx.comm.Irecv([op.buf, BYTE], op.peer, ctx.tag)
+            else:
+                op.req = op.start()
+        reqs.append(op.req)
+    if custom:
+        for op in ops:
+            if op.kind == CUSTOM and not op.custom.wait(deadline):
+                raise timeout_error(ops)
+        if not reqs:
+            return
+        mops = [op for op in ops if op.kind != CUSTOM]
+    else:
+        mops = ops
     statuses = [MPI.Status() for _ in reqs]
     try:
         if deadline is None:

@@ -9,7 +9,7 @@ import pytest
 from mpi4py import MPI
 
 import mpicoll
-from conftest import exact_values, reference
+from conftest import assert_identical_everywhere, exact_values, reference
 from mpicoll import nonblocking
 
 pytestmark = pytest.mark.mpi
@@ -31,11 +31,6 @@ def counts_for(p):
     return sorted({0, 1, max(p - 1, 1), 2 * p + 1, 1000, 70001})
 
 
-def same_everywhere(comm, arr):
-    digests = comm.allgather(arr.tobytes())
-    assert all(d == digests[0] for d in digests), "ranks hold different bits"
-
-
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_iallreduce_exact(algorithm):
     comm = MPI.COMM_WORLD
@@ -50,7 +45,7 @@ def test_iallreduce_exact(algorithm):
             np.testing.assert_array_equal(got.astype(np.float64), want.astype(np.float64),
                                           err_msg=f"{algorithm} {op} {name} n={n}")
             np.testing.assert_array_equal(x, inputs[rank])  # input untouched
-            same_everywhere(comm, got)
+            assert_identical_everywhere(comm, got)
             req = mpicoll.iallreduce(x, op=op, out=x, algorithm=algorithm)  # in place
             assert req.wait() is x
             np.testing.assert_array_equal(x.astype(np.float64), want.astype(np.float64))
@@ -116,7 +111,7 @@ def test_matches_mpi_allreduce_and_overlaps_blocking_calls(progress_mode):
     tol = 8 * comm.size * np.finfo(np.float64).eps * np.abs(x).max() * comm.size
     for got in mpicoll.waitall(reqs) + [y]:
         np.testing.assert_allclose(got, native, rtol=0, atol=tol)
-        same_everywhere(comm, got)
+        assert_identical_everywhere(comm, got)
 
 
 def test_bad_arguments_raise_before_any_message():

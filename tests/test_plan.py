@@ -17,7 +17,7 @@ from mpi4py import MPI
 import mpicoll
 from mpicoll import profile
 
-from conftest import exact_values, reference
+from conftest import assert_identical_everywhere, exact_values, reference
 
 ALGS = mpicoll.algorithms("allreduce")[1:]
 
@@ -154,8 +154,7 @@ def test_every_algorithm_blocking_nonblocking_persistent(algorithm):
             req.free()
             for g in got:
                 np.testing.assert_array_equal(g.astype(np.float64), want, err_msg=f"{algorithm} {name} {op} n={n}")
-            digests = comm.allgather(b"".join(g.tobytes() for g in got))
-            assert all(d == digests[0] for d in digests)
+            assert_identical_everywhere(comm, *got, what=f"{algorithm} {name} {op} n={n}")
 
 
 @pytest.mark.mpi
@@ -297,3 +296,43 @@ def test_ranks_with_different_tuning_files_agree(tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "agreed: ring" in proc.stdout and "using rank 0's" in proc.stdout, proc.stdout
+
+
+@pytest.mark.mpi
+def test_identical_bits_helper_can_fail():
+    """The shared check must catch ranks that differ (else every test that
+    uses it could not fail)."""
+    comm = MPI.COMM_WORLD
+    assert_identical_everywhere(comm, np.arange(5.0), np.zeros(2))
+    if comm.size > 1:
+        with pytest.raises(AssertionError, match=r"ranks \[1"):
+            assert_identical_everywhere(comm, np.arange(5.0) + (comm.rank == 1))
+        with pytest.raises(AssertionError):  # a differing sign bit of zero counts
+            assert_identical_everywhere(comm, np.array([0.0 if comm.rank != 1 else -0.0]))
+
+
+def test_ranks_with_different_settings_raise_together(tmp_path):
+    """MPICOLL_ALGORITHM set on one rank only: every rank raises the same
+    MismatchError when the communicator is first used (instead of two
+    algorithms running against each other)."""
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if not os.path.exists(mpiexec):
+        pytest.skip("no mpiexec next to sys.executable")
+    script = tmp_path / "env.py"
+    script.write_text(textwrap.dedent("""
+        import numpy as np
+        from mpi4py import MPI
+        import mpicoll
+        try:
+            mpicoll.allreduce(np.ones(4))
+        except mpicoll.MismatchError as e:
+            print(f"rank {MPI.COMM_WORLD.rank}: {e}")
+    """))
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    env.pop("MPICOLL_ALGORITHM", None)
+    cmd = [mpiexec, "-n", "1", "env", "MPICOLL_ALGORITHM=ring", sys.executable, "-m", "mpi4py", str(script),
+           ":", "-n", "1", sys.executable, "-m", "mpi4py", str(script)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for r in (0, 1):
+        assert f"rank {r}: mpicoll: MPICOLL_ALGORITHM must be the same on every rank" in proc.stdout, proc.stdout

@@ -8,6 +8,8 @@ datatype). Sending, receiving, tags and size checks are the drivers'
 """
 from __future__ import annotations
 
+import functools
+
 
 def block_bounds(n: int, p: int) -> list:
     """[(start, stop)] of ``p`` blocks of ``n`` elements, np.array_split's
@@ -53,6 +55,12 @@ class Fold:
     plus n gamma) on ``2*rem`` ranks; nothing when p is a power of two.
     ``fold_in``/``fold_out`` are schedule fragments: ``yield from`` them.
     """
+
+    @staticmethod
+    @functools.lru_cache(maxsize=256)
+    def of(rank: int, size: int) -> "Fold":
+        """The (immutable) fold of ``rank`` in a communicator of ``size``, cached."""
+        return Fold(rank, size)
 
     def __init__(self, rank: int, size: int):
         self.pof2 = 1 << (size.bit_length() - 1)

@@ -77,7 +77,9 @@ class NativeCall:
 
     def __init__(self, blocking, start, init=None, after=None, direct=None):
         self.blocking, self.start, self.init, self.after = blocking, start, init, after
-        self.direct = direct  # (C function, args): the same blocking call without mpi4py (mpicoll._direct)
+        # direct() -> (C function, args) or None: the same blocking call
+        # without mpi4py's parsing (mpicoll._direct), for plans that are kept.
+        self.direct = direct
 
 
 def _init(comm, name):
@@ -93,7 +95,8 @@ def allreduce_call(comm, buf, red, src=None) -> NativeCall:
     init = _init(comm, "Allreduce")
     direct = None
     if buf.nbytes <= DIRECT_MAX_BYTES and red.dtype.mpi is not None:
-        direct = _direct.allreduce(comm, src, buf, buf.size, datatype, op)
+        def direct():  # made only by plans that are kept (it holds buffer exports)
+            return _direct.allreduce(comm, src, buf, buf.size, datatype, op)
     return NativeCall(lambda: comm.Allreduce(sb, rb, op), lambda: comm.Iallreduce(sb, rb, op),
                       init and (lambda: init(sb, rb, op)), direct=direct)
 

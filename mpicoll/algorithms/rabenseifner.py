@@ -32,7 +32,7 @@ from .common import Fold, block_bounds
 @register("allreduce", "rabenseifner")
 def allreduce(ctx, buf, red, src=None):
     n = buf.size
-    fold = Fold(ctx.rank, ctx.size)
+    fold = Fold.of(ctx.rank, ctx.size)
     if n < fold.pof2:
         yield from recursive_doubling.allreduce(ctx, buf, red, src)
         return
@@ -57,7 +57,7 @@ def _halving_doubling(ctx, buf, red, fold):
     rounds = []
     mask = fold.pof2 >> 1
     while mask:
-        ctx.phase = f"rabenseifner halving, distance {mask}"
+        ctx.phase = ("rabenseifner halving, distance", mask)
         partner = me ^ mask
         mid = (lo + hi) // 2
         keep, give = ((lo, mid), (mid, hi)) if me < partner else ((mid, hi), (lo, mid))

@@ -28,13 +28,13 @@ from .common import Fold
 def allreduce(ctx, buf, red, src=None):
     if src is not None:
         buf[...] = src
-    fold = Fold(ctx.rank, ctx.size)
+    fold = Fold.of(ctx.rank, ctx.size)
     yield from fold.fold_in(ctx, buf, red)
     if fold.newrank >= 0:
         tmp = ctx.scratch("rd", buf.size, buf.dtype)
         mask = 1
         while mask < fold.pof2:
-            ctx.phase = f"recursive doubling round {mask.bit_length() - 1}"
+            ctx.phase = ("recursive doubling round", mask.bit_length() - 1)
             partner = fold.newrank ^ mask
             peer = fold.real(partner)
             yield [ctx.recv(tmp, peer), ctx.send(buf, peer)]

@@ -144,7 +144,7 @@ def pipelined_reduce_scatter(ctx, bounds, wire_dtype, segment_bytes, first, comb
     older = []
     newer = list(ctx.start(*[ctx.send(first(a, b), right) for a, b in segs[(r - 1) % p]]))
     for step in range(p - 1):
-        ctx.phase = f"ring reduce-scatter step {step}"
+        ctx.phase = ("ring reduce-scatter step", step)
         block = segs[(r - step - 2) % p]
         recvs = [None, None]
 
@@ -180,7 +180,7 @@ def ring_allgather(ctx, buf, bounds):
     p, r = ctx.size, ctx.rank
     right, left = (r + 1) % p, (r - 1) % p
     for step in range(p - 1):
-        ctx.phase = f"ring allgather step {step}"
+        ctx.phase = ("ring allgather step", step)
         sa, sb = bounds[(r - step) % p]
         ra, rb = bounds[(r - step - 1) % p]
         yield [ctx.recv(buf[ra:rb], left), ctx.send(buf[sa:sb], right)]

@@ -79,7 +79,7 @@ from .._kernels import ffi, lib
 from ..node import node_info
 from .common import block_bounds
 
-# Issue bound: never more than this per rank in the window (header included).
+# The bound: never more than this per rank in the window (header included).
 MAX_WINDOW_BYTES = 32 << 20
 # Largest slot: two slots and a header of up to 64 KiB (flags for 512 ranks).
 MAX_SLOT_BYTES = (MAX_WINDOW_BYTES - (64 << 10)) // 2
@@ -326,7 +326,7 @@ def pipeline(ctx, info, buf, red, src, chunk_bytes, between=None, sync=None):
         own = buf if src is None else src
         bounds = block_bounds(min(cap, n), k)
         for c0 in range(0, n, cap):
-            ctx.phase = f"shm chunk at element {c0}"
+            ctx.phase = ("shm chunk at element", c0)
             m = min(cap, n - c0)
             if m != cap:
                 bounds = block_bounds(m, k)

@@ -49,7 +49,7 @@ def binomial_reduce(ctx, buf, red, root):
     tmp = None
     mask = 1
     while mask < p:
-        ctx.phase = f"tree reduce round {mask.bit_length() - 1}"
+        ctx.phase = ("tree reduce round", mask.bit_length() - 1)
         if vrank & mask:
             yield [ctx.send(buf, (vrank - mask + root) % p)]
             return

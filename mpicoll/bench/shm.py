@@ -31,7 +31,7 @@ from mpi4py import MPI
 
 import mpicoll
 from mpicoll import dtypes, ops
-from mpicoll.algorithms import get as _get, shm
+from mpicoll.algorithms import get as _get
 
 _shm = _get("allreduce", "shm")
 from mpicoll.comm import state
@@ -39,10 +39,7 @@ from mpicoll.kernels import Reduction
 from mpicoll.node import node_info
 
 
-def parse_size(s: str) -> int:
-    s = s.strip().upper()
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1:], 1)
-    return int(float(s.rstrip("KMG")) * mult)
+from mpicoll.bench.timing import parse_bytes as parse_size  # noqa: E402  (one size syntax for every bench)
 
 
 def link_tx_bytes() -> int:
