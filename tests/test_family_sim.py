@@ -97,3 +97,15 @@ def test_alltoall(p, coll, name, block):
             np.testing.assert_array_equal(dst[j][a:b], src[i][c:d])
     if coll == "alltoall" and name == "bruck" and block and p > 1:
         assert stats[0].messages == (p - 1).bit_length()
+
+
+@pytest.mark.parametrize("coll", sorted(P2P))
+def test_auto_rule_names_registered_algorithms(coll):
+    from mpicoll import select
+
+    for p in (2, 3, 4, 8, 64):
+        for nbytes in (-1, 0, 8, 4096, 1 << 20, 16 << 20, 1 << 30):
+            c = select.family(coll, p, nbytes)
+            assert alg.has(coll, c.name) and c.reason
+            if nbytes < 0:  # a rule for unknown sizes is the same for every size
+                assert c.name == select.family(coll, p, -1).name
