@@ -62,7 +62,7 @@ from . import api as _api
 from .comm import state
 # Buffer-spec parsing (specs.py) and the MPI type tables (typemap.py) live
 # in their own modules; this one holds the Comm class and its fast path.
-from .specs import _check_pair, _format_type, _in_place, _in_place_arg, _index, parse
+from .specs import _check_pair, _format_type, _in_place, _in_place_arg, _index, _is_datatype, parse
 from .typemap import Native as _Native, kernel_dtype as _kernel_dtype, type_info as _type_info
 
 __all__ = ["Comm"]

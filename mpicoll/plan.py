@@ -731,7 +731,7 @@ def family_plan(st, collective, name, entry, knobs, nbytes, result, args, *, pro
         name = select.family(collective, p, nbytes).name
         entry = _alg.get(collective, name)
     if p > 1:
-        _settle(st, collective, name, entry, knobs, None, check_on, sig, nonblocking)
+        _settle(st, collective, name, entry, knobs, None, check_on, sig)
     elif check_on:
         _check.preflight(st, collective, True, algorithm=name, **sig)
     sched = None
