@@ -10,8 +10,12 @@ shape of mpi4py's own ``demo/reductions``), so ``isinstance`` checks, ranks,
 mpi4py, and ``Dup``/``Split``/``Create``... return ``Comm`` objects again.
 
 Overridden: ``Allreduce``, ``Iallreduce``, ``Reduce``, ``Reduce_scatter_block``,
-``Reduce_scatter``, ``Allgather`` and ``Bcast``. They take exactly mpi4py's
-arguments, plus an optional ``algorithm=`` keyword:
+``Reduce_scatter``, ``Allgather``, ``Bcast``, and ``Scatter``, ``Scatterv``,
+``Gather``, ``Gatherv``, ``Allgatherv``, ``Alltoall``, ``Alltoallv`` (each with
+its ``I...`` and ``..._init`` forms; the v-forms take mpi4py's
+``[buf, (counts, displs), datatype]``, and packed displacements only: others
+go to mpi4py). They take exactly mpi4py's arguments, plus an optional
+``algorithm=`` keyword:
 
 * buffer specs as mpi4py parses them (``message_simple`` in mpi4py's
   msgbuffer.pxi): a bare buffer, ``[buf, datatype]``, ``[buf, count]``,
