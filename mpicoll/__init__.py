@@ -24,6 +24,8 @@ from .errors import CollectiveTimeout, MismatchError
 from .api import (allgather, allgather_init, allreduce, allreduce_init, bcast, bcast_init, explain, iallgather,
                   iallreduce, ibcast, ireduce, ireduce_scatter, reduce, reduce_init, reduce_scatter,
                   reduce_scatter_init)
+from .api import (allgatherv, allgatherv_init, alltoall, alltoall_init, alltoallv, alltoallv_init, gather,
+                  gather_init, iallgatherv, ialltoall, ialltoallv, igather, iscatter, scatter, scatter_init)
 from .engine import Request, waitall
 from .plan import Persistent
 from .dropin import Comm  # noqa: F401  (mpi4py drop-in: comm = mpicoll.Comm(MPI.COMM_WORLD))
@@ -37,6 +39,9 @@ __version__ = "0.1.0"
 __all__ = ["allreduce", "reduce_scatter", "allgather", "bcast", "reduce",
            "iallreduce", "ireduce_scatter", "iallgather", "ibcast", "ireduce",
            "allreduce_init", "reduce_scatter_init", "allgather_init", "bcast_init", "reduce_init",
+           "scatter", "gather", "allgatherv", "alltoall", "alltoallv",
+           "iscatter", "igather", "iallgatherv", "ialltoall", "ialltoallv",
+           "scatter_init", "gather_init", "allgatherv_init", "alltoall_init", "alltoallv_init",
            "explain", "algorithms", "waitall", "Request", "Persistent", "Comm", "GradientBucketer",
            "ShardedOptimizer", "StaleAllreduce", "HalfPrecision", "TopK", "MismatchError", "CollectiveTimeout",
            "__version__"]

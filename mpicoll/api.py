@@ -321,3 +321,116 @@ def explain(nbytes: int, *, comm=None, op="sum", dtype="float32") -> select.Choi
     if st.profile_note:
         c = c._replace(reason=f"{c.reason} ({st.profile_note})")
     return c
+
+
+# ---- scatter, gather, allgatherv, alltoall, alltoallv ----------------------------------
+# Data movement: any fixed-size numpy dtype. Equal blocks by default; the
+# v-forms take counts (in elements) on every rank.
+
+def scatter(x, root=0, *, comm=None, out=None, counts=None, algorithm="auto", check=None, timeout=None):
+    """Send block i of root's ``x`` to rank i.
+
+    Without ``counts``: root's ``x`` has shape ``(p,) + s`` and every rank
+    gets row ``rank`` (shape ``s``). With ``counts`` (the same on every
+    rank): root's ``x`` is taken flat, rank i gets ``counts[i]`` elements.
+    Other ranks pass an ``x`` of the same dtype (its shape gives ``s``; its
+    contents are not read) or ``x=None`` and ``out``. On root, ``out`` may be
+    row ``root`` of ``x`` itself (in place). Returns this rank's block.
+    """
+    return _plan.scatter(x, root, comm=comm, out=out, counts=counts, algorithm=algorithm, check=check,
+                         timeout=timeout).run()
+
+
+def gather(x, root=0, *, comm=None, out=None, counts=None, algorithm="auto", check=None, timeout=None):
+    """Collect every rank's ``x`` on root: shape ``(p,) + x.shape`` (row i from
+    rank i), or with ``counts`` the flat concatenation. ``x`` may be root's
+    own row/block of ``out`` (in place). Returns the result on root, None elsewhere.
+    """
+    return _plan.gather(x, root, comm=comm, out=out, counts=counts, algorithm=algorithm, check=check,
+                        timeout=timeout).run()
+
+
+def allgatherv(x, counts, *, comm=None, out=None, algorithm="auto", check=None, timeout=None):
+    """Every rank's ``x`` (``counts[rank]`` elements) concatenated in rank order,
+    on every rank (1-D, ``sum(counts)`` elements). ``x`` may be this rank's
+    block of ``out`` (in place)."""
+    return _plan.allgatherv(x, counts, comm=comm, out=out, algorithm=algorithm, check=check,
+                            timeout=timeout).run()
+
+
+def alltoall(x, *, comm=None, out=None, algorithm="auto", check=None, timeout=None):
+    """Row j of ``x`` (shape ``(p,) + s``) goes to rank j; row i of the result
+    came from rank i. ``out=x`` works in place."""
+    return _plan.alltoall(x, comm=comm, out=out, algorithm=algorithm, check=check, timeout=timeout).run()
+
+
+def alltoallv(x, sendcounts, recvcounts, *, comm=None, out=None, algorithm="auto", check=None, timeout=None):
+    """``x`` taken flat: the next ``sendcounts[j]`` elements go to rank j; the
+    result (1-D, ``sum(recvcounts)``) holds ``recvcounts[i]`` elements from
+    rank i, in rank order. ``out=x`` works in place (equal totals)."""
+    return _plan.alltoallv(x, sendcounts, recvcounts, comm=comm, out=out, algorithm=algorithm, check=check,
+                           timeout=timeout).run()
+
+
+def iscatter(x, root=0, *, comm=None, out=None, counts=None, algorithm="auto", check=None, timeout=None):
+    """Nonblocking ``scatter``; returns a Request."""
+    return _plan.scatter(x, root, comm=comm, out=out, counts=counts, algorithm=algorithm, check=check,
+                         timeout=timeout, nonblocking=True).start()
+
+
+def igather(x, root=0, *, comm=None, out=None, counts=None, algorithm="auto", check=None, timeout=None):
+    """Nonblocking ``gather``; returns a Request (its result is None off root)."""
+    return _plan.gather(x, root, comm=comm, out=out, counts=counts, algorithm=algorithm, check=check,
+                        timeout=timeout, nonblocking=True).start()
+
+
+def iallgatherv(x, counts, *, comm=None, out=None, algorithm="auto", check=None, timeout=None):
+    """Nonblocking ``allgatherv``; returns a Request."""
+    return _plan.allgatherv(x, counts, comm=comm, out=out, algorithm=algorithm, check=check, timeout=timeout,
+                            nonblocking=True).start()
+
+
+def ialltoall(x, *, comm=None, out=None, algorithm="auto", check=None, timeout=None):
+    """Nonblocking ``alltoall``; returns a Request."""
+    return _plan.alltoall(x, comm=comm, out=out, algorithm=algorithm, check=check, timeout=timeout,
+                          nonblocking=True).start()
+
+
+def ialltoallv(x, sendcounts, recvcounts, *, comm=None, out=None, algorithm="auto", check=None, timeout=None):
+    """Nonblocking ``alltoallv``; returns a Request."""
+    return _plan.alltoallv(x, sendcounts, recvcounts, comm=comm, out=out, algorithm=algorithm, check=check,
+                           timeout=timeout, nonblocking=True).start()
+
+
+def scatter_init(x, root=0, *, comm=None, out=None, counts=None, algorithm="auto", check=None,
+                 timeout=None) -> _plan.Persistent:
+    """Persistent ``scatter`` (see allreduce_init)."""
+    return _plan.Persistent(_plan.scatter(x, root, comm=comm, out=out, counts=counts, algorithm=algorithm,
+                                          check=check, timeout=timeout, nonblocking=True))
+
+
+def gather_init(x, root=0, *, comm=None, out=None, counts=None, algorithm="auto", check=None,
+                timeout=None) -> _plan.Persistent:
+    """Persistent ``gather`` (see allreduce_init)."""
+    return _plan.Persistent(_plan.gather(x, root, comm=comm, out=out, counts=counts, algorithm=algorithm,
+                                         check=check, timeout=timeout, nonblocking=True))
+
+
+def allgatherv_init(x, counts, *, comm=None, out=None, algorithm="auto", check=None,
+                    timeout=None) -> _plan.Persistent:
+    """Persistent ``allgatherv`` (see allreduce_init)."""
+    return _plan.Persistent(_plan.allgatherv(x, counts, comm=comm, out=out, algorithm=algorithm, check=check,
+                                             timeout=timeout, nonblocking=True))
+
+
+def alltoall_init(x, *, comm=None, out=None, algorithm="auto", check=None, timeout=None) -> _plan.Persistent:
+    """Persistent ``alltoall`` (see allreduce_init)."""
+    return _plan.Persistent(_plan.alltoall(x, comm=comm, out=out, algorithm=algorithm, check=check,
+                                           timeout=timeout, nonblocking=True))
+
+
+def alltoallv_init(x, sendcounts, recvcounts, *, comm=None, out=None, algorithm="auto", check=None,
+                   timeout=None) -> _plan.Persistent:
+    """Persistent ``alltoallv`` (see allreduce_init)."""
+    return _plan.Persistent(_plan.alltoallv(x, sendcounts, recvcounts, comm=comm, out=out, algorithm=algorithm,
+                                            check=check, timeout=timeout, nonblocking=True))

@@ -10,8 +10,12 @@ shape of mpi4py's own ``demo/reductions``), so ``isinstance`` checks, ranks,
 mpi4py, and ``Dup``/``Split``/``Create``... return ``Comm`` objects again.
 
 Overridden: ``Allreduce``, ``Iallreduce``, ``Reduce``, ``Reduce_scatter_block``,
-``Reduce_scatter``, ``Allgather`` and ``Bcast``. They take exactly mpi4py's
-arguments, plus an optional ``algorithm=`` keyword:
+``Reduce_scatter``, ``Allgather``, ``Bcast``, and ``Scatter``, ``Scatterv``,
+``Gather``, ``Gatherv``, ``Allgatherv``, ``Alltoall``, ``Alltoallv`` (each with
+its ``I...`` and ``..._init`` forms; the v-forms take mpi4py's
+``[buf, (counts, displs), datatype]``, and packed displacements only: others
+go to mpi4py). They take exactly mpi4py's arguments, plus an optional
+``algorithm=`` keyword:
 
 * buffer specs as mpi4py parses them (``message_simple`` in mpi4py's
   msgbuffer.pxi): a bare buffer, ``[buf, datatype]``, ``[buf, count]``,
@@ -62,7 +66,7 @@ from . import api as _api
 from .comm import state
 # Buffer-spec parsing (specs.py) and the MPI type tables (typemap.py) live
 # in their own modules; this one holds the Comm class and its fast path.
-from .specs import _check_pair, _format_type, _in_place, _in_place_arg, _index, parse
+from .specs import _check_pair, _format_type, _in_place, _in_place_arg, _index, _is_datatype, parse
 from .typemap import Native as _Native, kernel_dtype as _kernel_dtype, type_info as _type_info
 
 __all__ = ["Comm"]
@@ -436,3 +440,264 @@ class Comm(MPI.Intracomm):
             plan.run()
             return None
         return plan.start() if mode == "start" else _plan.Persistent(plan)
+
+
+# ---- scatter, gather, allgatherv, alltoall, alltoallv ----------------------------
+# Added to Comm below (one method per collective and mode, like the others).
+
+def _parse_v(msg, writable: bool, p: int):
+    """mpi4py's vector spec (``message_vector``): buf, [buf, datatype],
+    [buf, counts], [buf, (counts, displs)], [buf, counts, datatype],
+    [buf, (counts, displs), datatype], [buf, counts, displs, datatype].
+    Returns (uint8 bytes from the first entry, counts in bytes); _Native
+    for displacements that are not the packed prefix sums (MPI can follow
+    those, mpicoll's plans move packed blocks)."""
+    o_buf, o_counts, o_displs, o_type = msg, None, None, None
+    if isinstance(msg, (list, tuple)):
+        n = len(msg)
+        if n == 2:
+            o_buf, o_counts = msg
+            if _is_datatype(o_counts):
+                o_counts, o_type = None, o_counts
+        elif n == 3:
+            o_buf, o_counts, o_type = msg
+        elif n == 4:
+            o_buf, o_counts, o_displs, o_type = msg
+        else:
+            raise ValueError("message: expecting 2 to 4 items")
+        if isinstance(o_counts, tuple) and len(o_counts) == 2 and not isinstance(o_counts[0], (int, np.integer)):
+            o_counts, o_displs = o_counts
+    m = parse(o_buf if o_type is None else [o_buf, o_type], writable)
+    size = m.itemsize
+    entries = m.raw.size // size if size else 0
+    if o_counts is None:
+        if p and entries % p:
+            raise ValueError(f"message: cannot infer count, number of entries {entries} is not a multiple of "
+                             f"required number of blocks {p}")
+        counts = [entries // p] * p
+    elif isinstance(o_counts, (int, np.integer)):
+        counts = [_index(o_counts)] * p
+    else:
+        counts = [_index(c) for c in o_counts]
+        if len(counts) != p:
+            raise ValueError(f"expecting {p} items, got {len(counts)}")
+    if any(c < 0 for c in counts):
+        raise _Native
+    if o_displs is not None:
+        displs = [_index(d) for d in (o_displs if not isinstance(o_displs, (int, np.integer)) else
+                                      [_index(o_displs) * i for i in range(p)])]
+        packed = [sum(counts[:i]) for i in range(p)]
+        if displs != packed:
+            raise _Native
+    total = sum(counts) * size
+    if total > m.raw.size:
+        raise ValueError(f"message: counts need {total} bytes, the buffer has {m.raw.size}")
+    return m.raw[:total], [c * size for c in counts], m
+
+
+def _family_name(collective: str, algorithm) -> str:
+    return _plan.requested(collective, algorithm, _plan.env_settings()[0])
+
+
+class _FamilyMethods:
+    """Scatter(v), Gather(v), Allgatherv, Alltoall(v) for Comm: mpi4py's
+    arguments, each in the three modes; what mpicoll cannot serve goes to
+    mpi4py's own method of the same mode."""
+
+    def _family_native(self, name, mode, args, info):
+        base = super(Comm, self)
+        if mode == "run":
+            return getattr(base, name)(*args)
+        if mode == "start":
+            return getattr(base, "I" + name.lower())(*args)
+        return getattr(base, name + "_init")(*args, info)
+
+    # -- scatter / scatterv --
+    def Scatter(self, sendbuf, recvbuf, root=0, *, algorithm="auto"):  # noqa: N802
+        return self._scatter("Scatter", sendbuf, recvbuf, root, algorithm, "run")
+
+    def Iscatter(self, sendbuf, recvbuf, root=0, *, algorithm="auto"):  # noqa: N802
+        return self._scatter("Scatter", sendbuf, recvbuf, root, algorithm, "start")
+
+    def Scatter_init(self, sendbuf, recvbuf, root=0, info=MPI.INFO_NULL, *, algorithm="auto"):  # noqa: N802
+        return self._scatter("Scatter", sendbuf, recvbuf, root, algorithm, "init", info)
+
+    def Scatterv(self, sendbuf, recvbuf, root=0, *, algorithm="auto"):  # noqa: N802
+        return self._scatter("Scatterv", sendbuf, recvbuf, root, algorithm, "run")
+
+    def Iscatterv(self, sendbuf, recvbuf, root=0, *, algorithm="auto"):  # noqa: N802
+        return self._scatter("Scatterv", sendbuf, recvbuf, root, algorithm, "start")
+
+    def Scatterv_init(self, sendbuf, recvbuf, root=0, info=MPI.INFO_NULL, *, algorithm="auto"):  # noqa: N802
+        return self._scatter("Scatterv", sendbuf, recvbuf, root, algorithm, "init", info)
+
+    def _rooted(self, coll, v, algorithm, root, counts, is_root):
+        """(algorithm name, counts in bytes on every rank). The v-forms'
+        non-roots know only their own count: "auto" is then the native call
+        (a size rule would need every count), and the binomial tree, which
+        needs them all, gets them from the root first."""
+        name = _family_name(coll, algorithm)
+        if v and name == "auto":
+            name = "mpi"
+        if v and name == "binomial":
+            counts = state(self).comm.bcast(counts if is_root else None, root)
+        return name, counts
+
+    def _scatter(self, which, sendbuf, recvbuf, root, algorithm, mode, info=MPI.INFO_NULL):
+        v = which == "Scatterv"
+        try:
+            if not isinstance(root, (int, np.integer)) or isinstance(root, bool) or not 0 <= root < self.Get_size():
+                raise _Native
+            p, rank = self.Get_size(), self.Get_rank()
+            is_root = rank == root
+            r = None if is_root and _in_place_arg(recvbuf) else parse(recvbuf, writable=True)
+            if is_root:
+                if v:
+                    full, counts, s = _parse_v(sendbuf, False, p)
+                else:
+                    s = parse(sendbuf, writable=False, blocks=p)
+                    full, counts = s.raw[:s.nbytes * p], [s.nbytes] * p
+                if r is not None and r.nbytes != counts[rank]:
+                    raise _Native  # a type-signature mismatch: MPI's error
+                a = sum(counts[:rank])
+                out = full[a:a + counts[rank]] if r is None else r.raw[:r.nbytes]
+            else:
+                full, out = None, r.raw[:r.nbytes]
+                counts = [0] * p
+                counts[rank] = r.nbytes
+                if not v:
+                    counts = [r.nbytes] * p
+        except _Native:
+            args = (sendbuf, recvbuf, root)
+            return self._family_native(which, mode, args, info)
+        name, counts = self._rooted("scatter", v, algorithm, root, counts, is_root)
+        return _go(mode, _plan.scatter, full, root, comm=self, out=out, counts=counts, algorithm=name)
+
+    # -- gather / gatherv --
+    def Gather(self, sendbuf, recvbuf, root=0, *, algorithm="auto"):  # noqa: N802
+        return self._gather("Gather", sendbuf, recvbuf, root, algorithm, "run")
+
+    def Igather(self, sendbuf, recvbuf, root=0, *, algorithm="auto"):  # noqa: N802
+        return self._gather("Gather", sendbuf, recvbuf, root, algorithm, "start")
+
+    def Gather_init(self, sendbuf, recvbuf, root=0, info=MPI.INFO_NULL, *, algorithm="auto"):  # noqa: N802
+        return self._gather("Gather", sendbuf, recvbuf, root, algorithm, "init", info)
+
+    def Gatherv(self, sendbuf, recvbuf, root=0, *, algorithm="auto"):  # noqa: N802
+        return self._gather("Gatherv", sendbuf, recvbuf, root, algorithm, "run")
+
+    def Igatherv(self, sendbuf, recvbuf, root=0, *, algorithm="auto"):  # noqa: N802
+        return self._gather("Gatherv", sendbuf, recvbuf, root, algorithm, "start")
+
+    def Gatherv_init(self, sendbuf, recvbuf, root=0, info=MPI.INFO_NULL, *, algorithm="auto"):  # noqa: N802
+        return self._gather("Gatherv", sendbuf, recvbuf, root, algorithm, "init", info)
+
+    def _gather(self, which, sendbuf, recvbuf, root, algorithm, mode, info=MPI.INFO_NULL):
+        v = which == "Gatherv"
+        try:
+            if not isinstance(root, (int, np.integer)) or isinstance(root, bool) or not 0 <= root < self.Get_size():
+                raise _Native
+            p, rank = self.Get_size(), self.Get_rank()
+            is_root = rank == root
+            s = None if is_root and _in_place_arg(sendbuf) else parse(sendbuf, writable=False)
+            if is_root:
+                if v:
+                    full, counts, r = _parse_v(recvbuf, True, p)
+                else:
+                    r = parse(recvbuf, writable=True, blocks=p)
+                    full, counts = r.raw[:r.nbytes * p], [r.nbytes] * p
+                if s is not None and s.nbytes != counts[rank]:
+                    raise _Native
+                a = sum(counts[:rank])
+                x = full[a:a + counts[rank]] if s is None else s.raw[:s.nbytes]
+            else:
+                full, x = None, s.raw[:s.nbytes]
+                counts = [0] * p
+                counts[rank] = s.nbytes
+                if not v:
+                    counts = [s.nbytes] * p
+        except _Native:
+            return self._family_native(which, mode, (sendbuf, recvbuf, root), info)
+        name, counts = self._rooted("gather", v, algorithm, root, counts, is_root)
+        return _go(mode, _plan.gather, x, root, comm=self, out=full, counts=counts, algorithm=name)
+
+    # -- allgatherv --
+    def Allgatherv(self, sendbuf, recvbuf, *, algorithm="auto"):  # noqa: N802
+        return self._allgatherv(sendbuf, recvbuf, algorithm, "run")
+
+    def Iallgatherv(self, sendbuf, recvbuf, *, algorithm="auto"):  # noqa: N802
+        return self._allgatherv(sendbuf, recvbuf, algorithm, "start")
+
+    def Allgatherv_init(self, sendbuf, recvbuf, info=MPI.INFO_NULL, *, algorithm="auto"):  # noqa: N802
+        return self._allgatherv(sendbuf, recvbuf, algorithm, "init", info)
+
+    def _allgatherv(self, sendbuf, recvbuf, algorithm, mode, info=MPI.INFO_NULL):
+        try:
+            p, rank = self.Get_size(), self.Get_rank()
+            full, counts, r = _parse_v(recvbuf, True, p)
+            a = sum(counts[:rank])
+            if _in_place_arg(sendbuf):
+                x = full[a:a + counts[rank]]
+            else:
+                s = parse(sendbuf, writable=False)
+                if s.nbytes != counts[rank]:
+                    raise _Native
+                x = s.raw[:s.nbytes]
+        except _Native:
+            return self._family_native("Allgatherv", mode, (sendbuf, recvbuf), info)
+        return _go(mode, _plan.allgatherv, x, counts, comm=self, out=full, algorithm=algorithm)
+
+    # -- alltoall / alltoallv --
+    def Alltoall(self, sendbuf, recvbuf, *, algorithm="auto"):  # noqa: N802
+        return self._alltoall("Alltoall", sendbuf, recvbuf, algorithm, "run")
+
+    def Ialltoall(self, sendbuf, recvbuf, *, algorithm="auto"):  # noqa: N802
+        return self._alltoall("Alltoall", sendbuf, recvbuf, algorithm, "start")
+
+    def Alltoall_init(self, sendbuf, recvbuf, info=MPI.INFO_NULL, *, algorithm="auto"):  # noqa: N802
+        return self._alltoall("Alltoall", sendbuf, recvbuf, algorithm, "init", info)
+
+    def Alltoallv(self, sendbuf, recvbuf, *, algorithm="auto"):  # noqa: N802
+        return self._alltoall("Alltoallv", sendbuf, recvbuf, algorithm, "run")
+
+    def Ialltoallv(self, sendbuf, recvbuf, *, algorithm="auto"):  # noqa: N802
+        return self._alltoall("Alltoallv", sendbuf, recvbuf, algorithm, "start")
+
+    def Alltoallv_init(self, sendbuf, recvbuf, info=MPI.INFO_NULL, *, algorithm="auto"):  # noqa: N802
+        return self._alltoall("Alltoallv", sendbuf, recvbuf, algorithm, "init", info)
+
+    def _alltoall(self, which, sendbuf, recvbuf, algorithm, mode, info=MPI.INFO_NULL):
+        v = which == "Alltoallv"
+        try:
+            p = self.Get_size()
+            if v:
+                out, rc, r = _parse_v(recvbuf, True, p)
+                if _in_place_arg(sendbuf):
+                    x, sc = out, rc
+                else:
+                    x, sc, s = _parse_v(sendbuf, False, p)
+                    if s.datatype != r.datatype:
+                        raise _Native
+            else:
+                r = parse(recvbuf, writable=True, blocks=p)
+                out = r.raw[:r.nbytes * p]
+                if _in_place_arg(sendbuf):
+                    x = out
+                else:
+                    s = parse(sendbuf, writable=False, blocks=p)
+                    if s.nbytes != r.nbytes:
+                        raise _Native
+                    x = s.raw[:s.nbytes * p]
+        except _Native:
+            return self._family_native(which, mode, (sendbuf, recvbuf), info)
+        if v:
+            return _go(mode, _plan.alltoallv, x, sc, rc, comm=self, out=out, algorithm=algorithm)
+        block = out.size // p
+        return _go(mode, _plan.alltoall, x.reshape(p, block), comm=self, out=out.reshape(p, block),
+                   algorithm=algorithm)
+
+
+for _name, _fn in list(vars(_FamilyMethods).items()):
+    if callable(_fn) and not _name.startswith("__"):
+        setattr(Comm, _name, _fn)
+del _name, _fn

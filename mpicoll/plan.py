@@ -27,6 +27,7 @@ settled once, ``start()``/``wait()`` many times).
 """
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -671,3 +672,240 @@ class Persistent:
 
     def __repr__(self):
         return f"<mpicoll persistent {self._plan.collective}/{self._plan.algorithm} {'active' if self._active else 'inactive'}>"
+
+
+# ---- scatter, gather, allgatherv, alltoall, alltoallv ----------------------------------
+# Data movement on uint8 storage (any fixed-size dtype: nothing is reduced);
+# the schedules' signatures are in mpicoll/algorithms/__init__.py.
+
+def _family_args(collective, algorithm, check, timeout, knobs, comm):
+    """Stage 1 shared by the five builders: (check_on, timeout, name, entry, knobs, comm)."""
+    forced, env_check, env_timeout = env_settings()
+    check_on = check_flag(check, env_check)
+    timeout = timeout_of(timeout, env_timeout)
+    name = requested(collective, algorithm, forced)
+    entry = None if name == "auto" else _alg.get(collective, name)
+    knobs = knobs_of(entry, knobs) if entry is not None else {}
+    if knobs and entry is None:
+        raise ValueError("mpicoll: knobs need a named algorithm, not 'auto'")
+    return check_on, timeout, name, entry, knobs, check_intracomm(comm)
+
+
+def counts_of(counts, p: int, what: str = "counts") -> list:
+    """``p`` non-negative ints, or TypeError/ValueError."""
+    if isinstance(counts, (str, bytes)):
+        raise TypeError(f"mpicoll: {what} must be a sequence of ints, not {counts!r}")
+    try:
+        out = [int(c) if isinstance(c, (int, np.integer)) and not isinstance(c, bool) else None for c in counts]
+    except TypeError:
+        raise TypeError(f"mpicoll: {what} must be a sequence of ints, not {counts!r}") from None
+    if any(c is None for c in out):
+        raise TypeError(f"mpicoll: {what} must be a sequence of ints, not {counts!r}")
+    if len(out) != p or any(c < 0 for c in out):
+        raise ValueError(f"mpicoll: {what} must be {p} non-negative block lengths, got {out}")
+    return out
+
+
+def _byte_bounds(counts, itemsize):
+    return counts_to_bounds([c * itemsize for c in counts])
+
+
+def _placed(mine, full, a, what):
+    """True if ``mine`` already is block [a, ...) of ``full`` (MPI_IN_PLACE);
+    ValueError for any other overlap."""
+    if not mine.size or not np.may_share_memory(mine, full):
+        return False
+    if full.size > a and mine.ctypes.data == full[a:].ctypes.data:
+        return True
+    raise ValueError(f"mpicoll: {what} overlaps the other buffer other than as this rank's block (in place)")
+
+
+def family_plan(st, collective, name, entry, knobs, nbytes, result, args, *, prologue=None, timeout=None,
+                check_on=False, sig=None, nonblocking=False, empty=False) -> Plan:
+    """Stage 3 of the five builders: decide, check, and build the plan whose
+    schedule is ``entry.schedule(ctx, *args, **knobs)``. ``nbytes`` and
+    ``empty`` must be the same on every rank: the decision depends on the
+    one, and skipping the call (no tag, no native call) on the other."""
+    p = st.size
+    if p == 1:
+        name = "mpi" if name == "auto" else name
+    elif entry is None:
+        name = select.family(collective, p, nbytes).name
+        entry = _alg.get(collective, name)
+    if p > 1:
+        _settle(st, collective, name, entry, knobs, None, check_on, sig)
+    elif check_on:
+        _check.preflight(st, collective, True, algorithm=name, **sig)
+    sched = None
+    if p > 1 and not empty:
+        s = entry.schedule
+        sched = (lambda ctx: s(ctx, *args, **knobs)) if knobs else (lambda ctx: s(ctx, *args))
+    plan = Plan(st, collective, name, nbytes, result, sched, prologue=prologue, timeout=timeout)
+    if sched is not None and entry.native is not None:
+        plan.native = entry.native(st.comm, *args)
+    return _blocking_pool(plan, nonblocking)
+
+
+def _dtype_of(x, out, what):
+    if x is not None:
+        return buffers.as_array(x)
+    if out is None:
+        raise TypeError(f"mpicoll: {what}")
+    return None
+
+
+def scatter(x, root=0, *, comm=None, out=None, counts=None, algorithm="auto", check=None, timeout=None,
+            knobs=None, nonblocking=False) -> Plan:
+    check_on, timeout, name, entry, knobs, comm = _family_args("scatter", algorithm, check, timeout, knobs, comm)
+    p, rank = comm.Get_size(), comm.Get_rank()
+    root = root_of(root, p)
+    is_root = rank == root
+    if x is None and (is_root or out is None):
+        raise TypeError("mpicoll: scatter needs x on the root, and x or out on the other ranks")
+    arr = buffers.as_array(x) if x is not None else None
+    if counts is None:
+        if arr is not None:
+            if arr.ndim == 0 or arr.shape[0] != p:
+                raise ValueError(f"mpicoll: scatter's x must have shape (p, ...) = ({p}, ...), not {arr.shape}")
+            shape = arr.shape[1:]
+        else:
+            shape = np.shape(out)
+        cnts = [math.prod(shape)] * p
+    else:
+        cnts = counts_of(counts, p)
+        if is_root and arr.size != sum(cnts):
+            raise ValueError(f"mpicoll: counts add up to {sum(cnts)}, but x has {arr.size} elements")
+        shape = (cnts[rank],)
+    dtype = arr.dtype if arr is not None else buffers.as_array(out).dtype
+    result = buffers.output(out, shape, dtype)
+    mine = buffers.as_bytes(result)
+    bounds = _byte_bounds(cnts, dtype.itemsize)
+    a, b = bounds[rank]
+    st = state(comm)
+    copy = None
+    if is_root:
+        full = buffers.as_bytes(arr)
+        if not _placed(mine, full, a, "out"):
+            def copy():
+                mine[...] = full[a:b]
+        buf = full
+    else:
+        buf = mine
+    sig = dict(count=cnts[0] if counts is None else -1, dtype=dtype.str, root=root,
+               counts=None if counts is None else cnts)
+    return family_plan(st, "scatter", name, entry, knobs, bounds[-1][1], result, (buf, bounds, root),
+                       prologue=copy, timeout=timeout, check_on=check_on, sig=sig, nonblocking=nonblocking)
+
+
+def gather(x, root=0, *, comm=None, out=None, counts=None, algorithm="auto", check=None, timeout=None,
+           knobs=None, nonblocking=False) -> Plan:
+    check_on, timeout, name, entry, knobs, comm = _family_args("gather", algorithm, check, timeout, knobs, comm)
+    p, rank = comm.Get_size(), comm.Get_rank()
+    root = root_of(root, p)
+    is_root = rank == root
+    arr = buffers.as_array(x)
+    if counts is None:
+        cnts = [arr.size] * p
+        shape = (p,) + arr.shape
+    else:
+        cnts = counts_of(counts, p)
+        if arr.size != cnts[rank]:
+            raise ValueError(f"mpicoll: x has {arr.size} elements, counts[{rank}] is {cnts[rank]}")
+        shape = (sum(cnts),)
+    bounds = _byte_bounds(cnts, arr.dtype.itemsize)
+    a, b = bounds[rank]
+    mine = buffers.as_bytes(arr)
+    st = state(comm)
+    copy = None
+    result = None
+    if is_root:
+        result = buffers.output(out, shape, arr.dtype)
+        buf = buffers.as_bytes(result)
+        if not _placed(mine, buf, a, "x"):
+            def copy():
+                buf[a:b] = mine
+    else:
+        buf = mine
+    sig = dict(count=cnts[0] if counts is None else -1, dtype=arr.dtype.str, root=root,
+               counts=None if counts is None else cnts)
+    return family_plan(st, "gather", name, entry, knobs, bounds[-1][1], result, (buf, bounds, root),
+                       prologue=copy, timeout=timeout, check_on=check_on, sig=sig, nonblocking=nonblocking)
+
+
+def allgatherv(x, counts, *, comm=None, out=None, algorithm="auto", check=None, timeout=None, knobs=None,
+               nonblocking=False) -> Plan:
+    check_on, timeout, name, entry, knobs, comm = _family_args("allgatherv", algorithm, check, timeout, knobs,
+                                                               comm)
+    p, rank = comm.Get_size(), comm.Get_rank()
+    arr = buffers.as_array(x)
+    cnts = counts_of(counts, p)
+    if arr.size != cnts[rank]:
+        raise ValueError(f"mpicoll: x has {arr.size} elements, counts[{rank}] is {cnts[rank]}")
+    result = buffers.output(out, (sum(cnts),), arr.dtype)
+    flat = buffers.as_bytes(result)
+    mine = buffers.as_bytes(arr)
+    bounds = _byte_bounds(cnts, arr.dtype.itemsize)
+    a, b = bounds[rank]
+    copy = None
+    if not _placed(mine, flat, a, "x"):
+        def copy():
+            flat[a:b] = mine
+    st = state(comm)
+    return family_plan(st, "allgatherv", name, entry, knobs, flat.nbytes, result, (flat, bounds), prologue=copy,
+                       timeout=timeout, check_on=check_on, sig=dict(count=-1, dtype=arr.dtype.str, counts=cnts),
+                       nonblocking=nonblocking, empty=flat.nbytes == 0)
+
+
+def _alltoall_plan(collective, comm, arr, result, scounts, rcounts, name, entry, knobs, check_on, timeout, sig,
+                   nonblocking, nbytes) -> Plan:
+    src = buffers.as_bytes(arr)
+    dst = buffers.as_bytes(result)
+    st = state(comm)
+    sb = _byte_bounds(scounts, arr.dtype.itemsize)
+    rb = _byte_bounds(rcounts, arr.dtype.itemsize)
+    prologue = None
+    if buffers.same_memory(dst, src):  # in place: the schedules need the input apart from the output
+        pool = {} if nonblocking else st.pool
+        work = _sched.Context(st, 0, pool).scratch(collective + "-in", src.size, np.uint8)
+
+        def prologue(src=src):
+            work[...] = src
+
+        src = work
+    elif st.size == 1:
+        def prologue():
+            dst[...] = src
+    # alltoallv's totals are rank-local: only alltoall may skip an empty call.
+    return family_plan(st, collective, name, entry, knobs, nbytes, result, (src, dst, sb, rb), prologue=prologue,
+                       timeout=timeout, check_on=check_on, sig=sig, nonblocking=nonblocking,
+                       empty=collective == "alltoall" and src.size == 0)
+
+
+def alltoall(x, *, comm=None, out=None, algorithm="auto", check=None, timeout=None, knobs=None,
+             nonblocking=False) -> Plan:
+    check_on, timeout, name, entry, knobs, comm = _family_args("alltoall", algorithm, check, timeout, knobs, comm)
+    p = comm.Get_size()
+    arr = buffers.as_array(x)
+    if arr.ndim == 0 or arr.shape[0] != p:
+        raise ValueError(f"mpicoll: alltoall's x must have shape (p, ...) = ({p}, ...), not {arr.shape}")
+    result = buffers.output(out, arr.shape, arr.dtype)
+    block = arr.size // p
+    return _alltoall_plan("alltoall", comm, arr, result, [block] * p, [block] * p, name, entry, knobs, check_on,
+                          timeout, dict(count=block, dtype=arr.dtype.str), nonblocking, arr.nbytes)
+
+
+def alltoallv(x, sendcounts, recvcounts, *, comm=None, out=None, algorithm="auto", check=None, timeout=None,
+              knobs=None, nonblocking=False) -> Plan:
+    check_on, timeout, name, entry, knobs, comm = _family_args("alltoallv", algorithm, check, timeout, knobs,
+                                                               comm)
+    p = comm.Get_size()
+    arr = buffers.as_array(x)
+    sc = counts_of(sendcounts, p, "sendcounts")
+    rc = counts_of(recvcounts, p, "recvcounts")
+    if arr.size != sum(sc):
+        raise ValueError(f"mpicoll: sendcounts add up to {sum(sc)}, but x has {arr.size} elements")
+    result = buffers.output(out, (sum(rc),), arr.dtype)
+    # Only the ranks' own counts are known here, so the decision must not
+    # depend on them: nbytes -1 (select.family's size-free rule).
+    return _alltoall_plan("alltoallv", comm, arr.reshape(-1), result, sc, rc, name, entry, knobs, check_on,
+                          timeout, dict(count=-1, dtype=arr.dtype.str), nonblocking, -1)

@@ -167,3 +167,37 @@ def _shared_memory_rule(nbytes: int, ranks_per_node: int, nodes: int):
                                       f"{HIERARCHICAL_MIN_BYTES} B: shared memory inside nodes, "
                                       "one slice per rank across nodes")
     return None
+
+
+# ---- scatter, gather, allgatherv, alltoall, alltoallv -----------------------------
+# Measured with `python -m mpicoll.bench family` at p = 2 and 4 (2-core
+# machine shared with other jobs, MPICH wheel; tables in docs/algorithms.md).
+# Below a few hundred KiB every mpicoll algorithm is bound by its Python
+# per-call and per-message cost (tens of microseconds against MPICH's
+# 2-40 us), so the native call stays. From 256 KiB per rank on, the
+# allgatherv ring (3.3x native at p=4, 20-140x at 2-16 MiB where
+# MPI_Allgatherv collapsed; 0.6-3.9x at p=2) and the windowed all-to-all
+# ring (1.7-2.4x at p=4, 1.0-1.2x at p=2) beat the native call. Bruck never
+# did (0.03-0.7x: its per-round packing and messages cost more in Python
+# than MPICH's Bruck in C), and linear/binomial scatter and gather were
+# within the run-to-run spread of the native call (the same native call
+# under "auto" and "mpi" differed by up to 2x), so they are never chosen.
+FAMILY_RING_MIN_BLOCK_BYTES = 256 << 10
+
+
+def family(collective: str, p: int, nbytes: int) -> Choice:
+    """The data-movement collectives added with scatter. ``nbytes`` is the
+    same on every rank (scatter/gather: all blocks; allgatherv: the result;
+    alltoall: one rank's send buffer; alltoallv: -1, since its ranks know
+    only their own counts, so its rule cannot depend on size)."""
+    if collective == "allgatherv" and nbytes >= FAMILY_RING_MIN_BLOCK_BYTES * p:
+        return Choice("ring", f"default: blocks of >= {FAMILY_RING_MIN_BLOCK_BYTES} B on average: the ring "
+                              "beat MPI_Allgatherv in the measurements")
+    if collective == "alltoall" and nbytes >= FAMILY_RING_MIN_BLOCK_BYTES:
+        return Choice("ring", f"default: >= {FAMILY_RING_MIN_BLOCK_BYTES} B per rank: the windowed shift "
+                              "exchange beat MPI_Alltoall in the measurements")
+    if nbytes < 0:
+        return Choice("mpi", "the ranks know only their own counts, so the rule cannot depend on size: "
+                             "the MPI library's own implementation")
+    return Choice("mpi", "default: short messages (mpicoll's per-call cost dominates) or no algorithm "
+                         "measured faster: the MPI library's own implementation")

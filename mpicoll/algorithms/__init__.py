@@ -15,6 +15,14 @@ collective            schedule signature                              on complet
 ``bcast``             ``fn(ctx, buf, root, **knobs)``                 root's ``buf`` everywhere
 ``reduce``            ``fn(ctx, buf, red, root, **knobs)``            root's ``buf`` holds the
                                                                       reduction
+``scatter``           ``fn(ctx, buf, bounds, root, **knobs)``         each rank's ``buf`` holds
+                                                                      its block of root's ``buf``
+``gather``            ``fn(ctx, buf, bounds, root, **knobs)``         root's ``buf[bounds[i]]``
+                                                                      holds rank i's ``buf``
+``allgatherv``        ``fn(ctx, buf, bounds, **knobs)``               as allgather (uneven blocks)
+``alltoall``          ``fn(ctx, src, dst, sbounds, rbounds,           ``dst[rbounds[i]]`` holds
+                      **knobs)``                                      rank i's ``src[sbounds[me]]``
+``alltoallv``         as alltoall                                     as alltoall (uneven blocks)
 ====================  ==============================================  =========================
 
 ``ctx`` is the call's ``schedule.Context`` (rank, size, operations,
@@ -23,6 +31,15 @@ uint16) that the algorithm may overwrite; ``red`` is a
 ``kernels.Reduction``; ``src``, when given, is the input and ``buf`` only
 the output (out-of-place calls: the algorithm may fold the copy into its
 first step); ``bounds`` is ``[(start, stop)]`` per rank, in elements.
+
+The data-movement collectives added with scatter (scatter, gather,
+allgatherv, alltoall, alltoallv) work on uint8 storage (nothing is reduced,
+so bounds are in bytes). For scatter and gather, ``buf`` is the whole
+buffer (every rank's block, at ``bounds``) on the root and only this rank's
+block elsewhere; the root's own block is placed by the plan layer, never by
+the schedule. For alltoall(v), ``src`` and ``dst`` never overlap (the plan
+layer copies an in-place input first) and the schedule copies the rank's
+own block itself; alltoall's blocks are all the same length.
 
 Algorithms register with ``@register(collective, name, knobs=...)``;
 ``knobs`` names the keyword arguments a tuning profile may set (checked
@@ -43,7 +60,8 @@ from __future__ import annotations
 import sys as _sys
 from typing import Callable, Dict, Optional, Tuple
 
-COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "bcast", "reduce")
+COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "bcast", "reduce",
+               "scatter", "gather", "allgatherv", "alltoall", "alltoallv")
 
 
 class Algorithm:
@@ -126,6 +144,7 @@ def has(collective: str, name: str) -> bool:
 # Importing the modules registers their algorithms.
 from . import mpi, rabenseifner, recursive_doubling, ring, tree  # noqa: E402,F401
 from . import hierarchical, shm  # noqa: E402,F401  (shared-memory and two-level all-reduce)
+from . import binomial, bruck, linear, mpi_family, pairwise, ring_family  # noqa: E402,F401  (scatter ... alltoallv)
 
 
 # ``mpicoll.algorithms("allreduce")`` lists names, and ``mpicoll.algorithms``

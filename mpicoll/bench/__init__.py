@@ -8,6 +8,7 @@
     mpiexec -n 2 python -m mpi4py -m mpicoll.bench torch         # torch.distributed: mpicoll backend vs gloo
     mpiexec -n 2 python -m mpi4py -m mpicoll.bench overhead      # per-call cost of every door vs MPI_Allreduce
     mpiexec -n 2 python -m mpi4py -m mpicoll.bench overlap       # nonblocking overlap, every algorithm
+    mpiexec -n 4 python -m mpi4py -m mpicoll.bench family        # scatter ... alltoallv vs native MPI
 
 ``python -m mpicoll.bench allreduce --help`` lists every option.
 """
@@ -41,6 +42,8 @@ def main(argv=None) -> int:
         from .overhead import main as overhead_main
 
         return overhead_main(argv[1:])
+    elif argv and argv[0] == "family":  # mpiexec -n 4 python -m mpi4py -m mpicoll.bench family
+        return __import__("mpicoll.bench.family", fromlist=["main"]).main(argv[1:])
     elif argv and argv[0] == "overlap":  # mpiexec -n 2 python -m mpi4py -m mpicoll.bench overlap
         from .overlap import main as overlap_main
 
