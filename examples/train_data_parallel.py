@@ -1,6 +1,7 @@
 """Data-parallel training of a small MLP on scikit-learn's handwritten digits.
 
     mpiexec -n 4 python -m mpi4py examples/train_data_parallel.py [--compression fp16|bf16|topk|topk:0.05]
+        [--sharded [--compare]] [--staleness K] [--slow-rank R --slow-ms M] [--algorithm ring]
 
 The data set ships inside scikit-learn (``sklearn.datasets.load_digits``:
 1797 8x8 images, 10 classes); nothing is downloaded. Install it with
@@ -27,6 +28,14 @@ communication (time spent inside mark_ready and wait, i.e. the part of the
 all-reduce that the computation did not hide). At the end it trains the same
 model on one process (rank 0, in-process, uncompressed) and prints both test
 accuracies.
+
+``--sharded`` trains with ``mpicoll.ShardedOptimizer`` (each rank keeps the
+momentum of 1/p of the weights; the all-gathers of step t's weights overlap
+step t+1's forward, layer by layer); ``--compare`` also runs the all-reduce
+path and says whether the weights are bit-identical (they are with
+``--algorithm ring``). ``--staleness K`` reduces the gradients with
+``mpicoll.StaleAllreduce``: step t applies the summed gradient of step t-K.
+``--slow-rank R --slow-ms M``: rank R sleeps M ms per step.
 """
 from __future__ import annotations
 
@@ -90,12 +99,16 @@ def init_params(sizes, seed=0):
     return params
 
 
-def forward(params, x):
-    """Activations of every layer (ReLU hidden layers) and the logits."""
+def forward(params, x, wait=None):
+    """Activations of every layer (ReLU hidden layers) and the logits.
+    ``wait(indices)``, if given, is called before a layer's parameters are
+    read (the sharded optimizer's all-gathers finish layer by layer)."""
     acts = [x]
     h = x
     nlayers = len(params) // 2
     for layer in range(nlayers):
+        if wait is not None:
+            wait((2 * layer, 2 * layer + 1))
         w, b = params[2 * layer], params[2 * layer + 1]
         h = h @ w + b
         if layer < nlayers - 1:
@@ -142,58 +155,122 @@ def checksum(params) -> str:
 
 
 def train(comm, data, *, hidden=(256, 128), epochs=20, batch=64, lr=0.1, momentum=0.9, seed=0,
-          compression=None, bucket_bytes=64 << 10, first_bucket_bytes=16 << 10, log=None):
-    """Train on ``comm``'s ranks; returns (params, history). ``log(row)`` is
-    called on every rank with each epoch's row (dict)."""
+          compression=None, bucket_bytes=64 << 10, first_bucket_bytes=16 << 10, log=None, sharded=False,
+          staleness=None, slow_rank=None, slow_ms=0.0, algorithm="auto"):
+    """Train on ``comm``'s ranks; returns (params, history, reducer). ``log(row)`` is
+    called on every rank with each epoch's row (dict).
+
+    The reducer is a GradientBucketer (default), a ShardedOptimizer
+    (``sharded``) or a StaleAllreduce (``staleness`` not None: one flat
+    gradient, step t applies step t-staleness's sum). ``slow_rank`` sleeps
+    ``slow_ms`` per step (a straggler)."""
     xtr, ytr, xte, yte = data
     p, rank = comm.Get_size(), comm.Get_rank()
     sizes = [xtr.shape[1], *hidden, int(ytr.max()) + 1]
     params = init_params(sizes, seed)
-    velocity = [np.zeros_like(w) for w in params]
-    bucketer = mpicoll.GradientBucketer([(w.shape, w.dtype) for w in params], comm=comm, op="sum",
-                                        bucket_bytes=bucket_bytes, first_bucket_bytes=first_bucket_bytes,
-                                        compression=compression)
-    grads = bucketer.views  # the backward pass writes here: zero-copy
+    wait = None
+
+    def sgd(w, g, state):  # the update, elementwise: the same on whole arrays and on shards
+        v = state["v"]
+        v *= momentum
+        v += g
+        w -= lr * v
+
+    if sharded:
+        if compression is not None or staleness is not None:
+            raise SystemExit("--sharded takes no --compression or --staleness")
+        reducer = mpicoll.ShardedOptimizer(params, sgd, init_state=lambda w: {"v": np.zeros_like(w)}, comm=comm,
+                                           op="sum", bucket_bytes=bucket_bytes,
+                                           first_bucket_bytes=first_bucket_bytes, algorithm=algorithm)
+        params, grads = reducer.params, reducer.grads
+        state_nbytes = reducer.state_nbytes()
+    else:
+        velocity = [np.zeros_like(w) for w in params]
+        state_nbytes = sum(v.nbytes for v in velocity)
+        if staleness is not None:
+            if compression is not None:
+                raise SystemExit("--staleness takes no --compression")
+            flat = np.zeros(sum(w.size for w in params), np.float32)
+            offsets = np.cumsum([0] + [w.size for w in params])
+            grads = [flat[a:b].reshape(w.shape) for a, b, w in zip(offsets[:-1], offsets[1:], params)]
+            reducer = mpicoll.StaleAllreduce(flat.shape, flat.dtype, staleness=staleness, comm=comm, op="sum",
+                                             algorithm=algorithm)
+        else:
+            reducer = mpicoll.GradientBucketer([(w.shape, w.dtype) for w in params], comm=comm, op="sum",
+                                               bucket_bytes=bucket_bytes, first_bucket_bytes=first_bucket_bytes,
+                                               compression=compression, algorithm=algorithm)
+            grads = reducer.views  # the backward pass writes here: zero-copy
     history = []
     for epoch in range(epochs):
         order = np.random.default_rng([seed, epoch]).permutation(len(ytr))  # same on every rank
         t_compute = t_comm = 0.0
         loss_sum = 0.0
+        steps = 0
+        comm.Barrier()
+        t_epoch = time.perf_counter()
         for start in range(0, len(order), batch):
             global_batch = order[start:start + batch]
             mine = np.array_split(global_batch, p)[rank]
             t0 = time.perf_counter()
-            comm_in_backward = 0.0
-            acts = forward(params, xtr[mine])
+            comm_in_step = 0.0
+
+            def timed(fn):
+                def call(*a):
+                    nonlocal comm_in_step
+                    t = time.perf_counter()
+                    fn(*a)
+                    comm_in_step += time.perf_counter() - t
+                return call
+
+            if sharded:
+                wait = timed(reducer.wait_params)
+            acts = forward(params, xtr[mine], wait)
             losses, dlogits = softmax_xent(acts[-1], ytr[mine])
             loss_sum += float(losses.sum())
-
-            def ready(i):
-                nonlocal comm_in_backward
-                t = time.perf_counter()
-                bucketer.mark_ready(i)
-                comm_in_backward += time.perf_counter() - t
-
+            ready = (lambda i: None) if staleness is not None else timed(reducer.mark_ready)
             backward(params, acts, dlogits, 1.0 / len(global_batch), grads, ready)
+            if rank == slow_rank and slow_ms > 0:
+                time.sleep(slow_ms / 1000.0)
             t1 = time.perf_counter()
-            bucketer.wait()
-            t2 = time.perf_counter()
-            for w, v, g in zip(params, velocity, grads):
-                v *= momentum
-                v += g
-                w -= lr * v
+            if sharded:
+                reducer.step()  # waits for the reduce-scatters, updates the shards, starts the all-gathers
+                t2 = t3 = time.perf_counter()
+                t_compute += (t1 - t0 - comm_in_step)
+                t_comm += comm_in_step + (t2 - t1)
+                steps += 1
+                continue
+            if staleness is not None:
+                avg = reducer.step(flat)
+                t2 = time.perf_counter()
+                if avg is not None:
+                    offs = zip(offsets[:-1], offsets[1:])
+                    for w, v, (a, b) in zip(params, velocity, offs):
+                        sgd(w, avg[a:b].reshape(w.shape), {"v": v})
+            else:
+                reducer.wait()
+                t2 = time.perf_counter()
+                for w, v, g in zip(params, velocity, grads):
+                    sgd(w, g, {"v": v})
             t3 = time.perf_counter()
-            t_comm += comm_in_backward + (t2 - t1)
-            t_compute += (t1 - t0 - comm_in_backward) + (t3 - t2)
+            t_comm += comm_in_step + (t2 - t1)
+            t_compute += (t1 - t0 - comm_in_step) + (t3 - t2)
+            steps += 1
+        if sharded:
+            reducer.wait_params()
+        t_epoch = time.perf_counter() - t_epoch
         stats = np.array([loss_sum, t_compute, t_comm])
         total_loss = comm.allreduce(stats[0], op=MPI.SUM)
         t_compute, t_comm = comm.allreduce(stats[1], op=MPI.MAX), comm.allreduce(stats[2], op=MPI.MAX)
+        t_epoch = comm.allreduce(t_epoch, op=MPI.MAX)
         row = {"epoch": epoch + 1, "loss": total_loss / len(ytr), "test_acc": accuracy(params, xte, yte),
-               "compute_s": t_compute, "comm_s": t_comm}
+               "compute_s": t_compute, "comm_s": t_comm, "step_ms": 1e3 * t_epoch / max(steps, 1),
+               "state_bytes": state_nbytes}
         history.append(row)
         if log is not None:
             log(row)
-    return params, history, bucketer
+    if staleness is not None:
+        reducer.drain()  # the last sums in flight: completed, not applied
+    return params, history, reducer
 
 
 def main(argv=None) -> int:
@@ -202,10 +279,20 @@ def main(argv=None) -> int:
     ap.add_argument("--epochs", type=int, default=20)
     ap.add_argument("--batch", type=int, default=64, help="global batch size (default 64)")
     ap.add_argument("--lr", type=float, default=0.1)
+    ap.add_argument("--momentum", type=float, default=0.9)
     ap.add_argument("--hidden", type=int, nargs="+", default=[256, 128])
     ap.add_argument("--bucket-kib", type=int, default=64, help="bucket size in KiB (default 64)")
     ap.add_argument("--first-bucket-kib", type=int, default=16)
     ap.add_argument("--no-single", action="store_true", help="skip the 1-process reference run")
+    ap.add_argument("--sharded", action="store_true",
+                    help="mpicoll.ShardedOptimizer: reduce-scatter, 1/p of the update per rank, all-gather")
+    ap.add_argument("--compare", action="store_true",
+                    help="with --sharded: also train with the bucketed all-reduce and compare the weights")
+    ap.add_argument("--staleness", type=int, default=None,
+                    help="mpicoll.StaleAllreduce: step t applies step t-K's gradient sum (0: synchronous)")
+    ap.add_argument("--slow-rank", type=int, default=None, help="this rank sleeps --slow-ms per step")
+    ap.add_argument("--slow-ms", type=float, default=0.0)
+    ap.add_argument("--algorithm", default="auto", help="collective algorithm (ring: sharded == all-reduce bits)")
     args = ap.parse_args(argv)
 
     comm = MPI.COMM_WORLD
@@ -213,16 +300,34 @@ def main(argv=None) -> int:
     data = load_data()
     say = print if rank == 0 else (lambda *a, **k: None)
     say(f"digits: {len(data[1])} train / {len(data[3])} test samples, MLP {[64, *args.hidden, 10]}, "
-        f"p={p}, global batch {args.batch}, compression={args.compression}")
+        f"p={p}, global batch {args.batch}, compression={args.compression}, sharded={args.sharded}, "
+        f"staleness={args.staleness}, slow rank {args.slow_rank} +{args.slow_ms:g} ms/step, "
+        f"algorithm={args.algorithm}")
 
     def log(row):
         say(f"epoch {row['epoch']:>3}  loss {row['loss']:.4f}  test acc {row['test_acc']:.4f}  "
-            f"compute {row['compute_s']:.3f} s  comm {row['comm_s']:.3f} s")
+            f"compute {row['compute_s']:.3f} s  comm {row['comm_s']:.3f} s  step {row['step_ms']:.2f} ms")
 
-    kw = dict(hidden=tuple(args.hidden), epochs=args.epochs, batch=args.batch, lr=args.lr,
-              bucket_bytes=args.bucket_kib << 10, first_bucket_bytes=args.first_bucket_kib << 10)
-    params, history, bucketer = train(comm, data, compression=args.compression, log=log, **kw)
-    say(f"buckets (gradient indices, launch order): {bucketer.buckets}, bytes {bucketer.bucket_nbytes()}")
+    kw = dict(hidden=tuple(args.hidden), epochs=args.epochs, batch=args.batch, lr=args.lr, momentum=args.momentum,
+              bucket_bytes=args.bucket_kib << 10, first_bucket_bytes=args.first_bucket_kib << 10,
+              algorithm=args.algorithm)
+    params, history, bucketer = train(comm, data, compression=args.compression, log=log, sharded=args.sharded,
+                                      staleness=args.staleness, slow_rank=args.slow_rank, slow_ms=args.slow_ms,
+                                      **kw)
+    if args.staleness is None:
+        say(f"buckets (gradient indices, launch order): {bucketer.buckets}")
+    states = comm.gather(history[-1]["state_bytes"], root=0)
+    median_step = float(np.median([row["step_ms"] for row in history]))
+    say(f"optimizer state per rank: {states} bytes; step time {median_step:.2f} ms "
+        f"(slowest rank, median over epochs)")
+    if args.sharded and args.compare:
+        ref, ref_hist, _ = train(comm, data, **kw)
+        same = all(np.array_equal(a, b) for a, b in zip(params, ref))
+        diff = max(float(np.max(np.abs(a - b))) if a.size else 0.0 for a, b in zip(params, ref))
+        say(f"all-reduce path: test acc {ref_hist[-1]['test_acc']:.4f}, state per rank "
+            f"{ref_hist[-1]['state_bytes']} bytes, step "
+            f"{float(np.median([r['step_ms'] for r in ref_hist])):.2f} ms; sharded weights bit-identical: "
+            f"{'yes' if comm.allreduce(same, op=MPI.LAND) else 'no'} (max |difference| {diff:.3g})")
     sums = comm.gather(checksum(params), root=0)
     if rank == 0:
         for r, s in enumerate(sums):

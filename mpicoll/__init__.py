@@ -1,30 +1,42 @@
 """mpicoll: collective communication for Python programs on MPI.
 
-All-reduce (ring, tree, recursive doubling, Rabenseifner, native MPI) and
-the related collectives, built on mpi4py point-to-point calls, with the
-element-wise reductions in C kernels bound through cffi.
+All-reduce (ring, tree, recursive doubling, Rabenseifner, shared memory,
+hierarchical, native MPI) and the related collectives, built on mpi4py
+point-to-point calls, with the element-wise reductions in C kernels bound
+through cffi. Every collective has a blocking, a nonblocking (``i*``) and a
+persistent (``*_init``) form.
 
     import mpicoll
     y = mpicoll.allreduce(x, op="sum")          # comm defaults to MPI.COMM_WORLD
     mpicoll.allreduce(x, out=x)                 # in place
-    mpicoll.algorithms("allreduce")             # ['auto', 'mpi', 'rabenseifner', ...]
+    req = mpicoll.iallreduce(x, out=x); req.wait()
+    mpicoll.algorithms("allreduce")             # ['auto', 'hierarchical', 'mpi', ...]
+
+The layers (docs/architecture.md): kernels (C, no MPI) -> schedules (one
+per algorithm, in mpicoll/algorithms/) -> drivers (blocking, nonblocking,
+simulated: mpicoll.schedule, mpicoll.engine) -> plans (mpicoll.plan:
+validation, state, decision) -> the front doors (this package's functions,
+mpicoll.Comm, the bucketer).
 """
-from . import algorithms as _algorithms
+from . import algorithms  # noqa: F401  (callable: mpicoll.algorithms("allreduce") lists names)
 from . import dtypes, kernels, ops  # noqa: F401  (mpicoll.ops.names(), mpicoll.dtypes.names())
-from .errors import MismatchError
-from .api import allgather, allreduce, bcast, explain, reduce, reduce_scatter
+from .errors import CollectiveTimeout, MismatchError
+from .api import (allgather, allgather_init, allreduce, allreduce_init, bcast, bcast_init, explain, iallgather,
+                  iallreduce, ibcast, ireduce, ireduce_scatter, reduce, reduce_init, reduce_scatter,
+                  reduce_scatter_init)
+from .engine import Request, waitall
+from .plan import Persistent
 from .dropin import Comm  # noqa: F401  (mpi4py drop-in: comm = mpicoll.Comm(MPI.COMM_WORLD))
-from .nonblocking import Request, iallreduce, waitall  # noqa: F401  (nonblocking all-reduce)
+from . import nonblocking  # noqa: F401
 from .bucketing import GradientBucketer, HalfPrecision, TopK  # noqa: F401  (data-parallel training)
+from .sharded import ShardedOptimizer  # noqa: F401
+from .stale import StaleAllreduce  # noqa: F401
 
 __version__ = "0.1.0"
 
-
-def algorithms(collective: str = "allreduce") -> list:
-    """Names accepted by ``algorithm=`` for a collective ('auto' first)."""
-    return _algorithms.names(collective)
-
-
-__all__ = ["allreduce", "reduce_scatter", "allgather", "bcast", "reduce", "explain", "algorithms",
-           "iallreduce", "waitall", "Request", "Comm", "GradientBucketer", "HalfPrecision", "TopK",
-           "MismatchError", "__version__"]
+__all__ = ["allreduce", "reduce_scatter", "allgather", "bcast", "reduce",
+           "iallreduce", "ireduce_scatter", "iallgather", "ibcast", "ireduce",
+           "allreduce_init", "reduce_scatter_init", "allgather_init", "bcast_init", "reduce_init",
+           "explain", "algorithms", "waitall", "Request", "Persistent", "Comm", "GradientBucketer",
+           "ShardedOptimizer", "StaleAllreduce", "HalfPrecision", "TopK", "MismatchError", "CollectiveTimeout",
+           "__version__"]

@@ -1,96 +1,102 @@
-"""The public collectives: allreduce, reduce_scatter, allgather, bcast, reduce.
+"""The public collectives: allreduce, reduce_scatter, allgather, bcast, reduce,
+their nonblocking ``i*`` forms and their persistent ``*_init`` forms.
 
-Each call does the same four things, in this order:
-
-1. checks every argument and raises TypeError/ValueError on a bad one
-   (before any message is sent);
-2. finds the communicator's cached state (the first call duplicates it);
-3. picks the algorithm: the ``algorithm`` argument, else the
-   ``MPICOLL_ALGORITHM`` environment variable, else ``select.py``;
-4. runs it on a flat storage view of the output buffer.
+Each is a thin front door over ``mpicoll.plan``, which checks every
+argument before any message is sent, finds the communicator's state,
+decides the algorithm and builds the plan; the door then runs it: blocking,
+as a nonblocking ``Request``, or as a persistent request.
 
 Every rank gets bit-identical results from every algorithm: each element
 of the result is computed once, on one rank, and copied to the others (or,
 in recursive doubling, computed by both partners from the same operands in
 the same order).
+
+Small all-reduces are latency-bound (solvers' dot products and norms are
+8-256 bytes), so ``allreduce`` keeps the plans of its most recent small
+calls, keyed by the identity of the input and output arrays: a repeated
+call on the same arrays re-checks only what could have changed (shape,
+dtype, the environment) and runs the plan.
 """
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
-from . import algorithms as _alg
-from . import _env, buffers, select
-from . import check as _check
-from . import profile as _profile
+from . import _direct, _env, plan as _plan
 from . import ops as _ops
-from .algorithms.common import block_bounds, counts_to_bounds
-from .comm import check_intracomm, state
-from .kernels import Reduction
-from .node import node_info
+from . import select
+from .comm import check_intracomm
 
-ENV_ALGORITHM = "MPICOLL_ALGORITHM"
+ENV_ALGORITHM = _plan.ENV_ALGORITHM
 
-# Small all-reduces are latency-bound, so the per-call path avoids anything
-# that costs a microsecond: the validated Reduction for an (op name, dtype)
-# is cached, and so is auto's decision (select is a pure function).
-_reductions = {}
+# ---- the small-message plan cache -----------------------------------------------
 
+# Only messages up to this size are cached (their per-call overhead matters,
+# and the cache keeps the arrays alive: at most CACHE_SIZE * 2 of them).
+CACHE_MAX_BYTES = 64 << 10
+CACHE_SIZE = 32
+_cache = {}
+# The environment variables a plan depends on, read raw on every hit
+# (os.environ's own mapping, see _env): a changed value rebuilds the plan.
+_DATA = getattr(_env, "_DATA", None)
+if _DATA is not None:  # CPython on POSIX
+    import os as _os
 
-def _reduction(op, dt) -> Reduction:
-    key = (op, dt.code) if isinstance(op, str) else None
-    red = _reductions.get(key) if key else None
-    if red is None:
-        red = Reduction(_ops.resolve(op), dt)  # raises if op is not defined for dt
-        if key:
-            _reductions[key] = red
-    return red
+    _K1, _K2, _K3 = (_os.environ.encodekey(k) for k in (_plan.ENV_ALGORITHM, "MPICOLL_CHECK", _plan.ENV_TIMEOUT))
 
+    def _env_raw():
+        return _DATA.get(_K1), _DATA.get(_K2), _DATA.get(_K3)
+else:  # pragma: no cover - elsewhere: a mapping that never matches, so no short path
+    _DATA, _K1, _K2, _K3 = {}, 1, 2, 3
 
-_NO_KNOBS = {}
-
-
-@functools.lru_cache(maxsize=4096)
-def _choose_allreduce(p, nbytes, op, dtype, native_dtype, profile, ranks_per_node=1, nodes=1):
-    """(name, keyword knobs) for "auto"; ``profile`` is the loaded tuning
-    profile or None (hashed by identity), which may set the ring's segment size."""
-    c = select.allreduce(p, nbytes, op, dtype, native_dtype=native_dtype, profile=profile,
-                         ranks_per_node=ranks_per_node, nodes=nodes)
-    return c.name, ({"segment_bytes": c.segment_bytes} if c.segment_bytes else _NO_KNOBS)
-
-def _forced_algorithm():
-    return _env.get(ENV_ALGORITHM)
+    def _env_raw():
+        return object(), None, None
 
 
-def _requested(collective: str, algorithm) -> str:
-    """The algorithm name asked for, validated (no MPI calls)."""
-    if not isinstance(algorithm, str):
-        raise TypeError(f"mpicoll: algorithm must be a name, not {type(algorithm).__name__}")
-    forced = _forced_algorithm()
-    if forced:
-        # Forces every collective that has an algorithm of that name; the
-        # others keep what the call asked for.
-        if forced != "auto" and not any(_alg.has(c, forced) for c in _alg.COLLECTIVES):
-            raise ValueError(f"mpicoll: {ENV_ALGORITHM}={forced!r} is not a known algorithm; "
-                             f"all-reduce algorithms: {', '.join(_alg.names('allreduce'))}")
-        if forced == "auto" or _alg.has(collective, forced):
-            return forced
-    if algorithm != "auto":
-        _alg.get(collective, algorithm)  # ValueError if unknown
-    return algorithm
+class _Cached:
+    """A cached small all-reduce: the plan and what it was built from."""
+
+    __slots__ = ("plan", "x", "out", "op", "comm", "algorithm", "shape", "dtype", "env", "fn", "args", "st",
+                 "finish", "options")
+
+    def __init__(self, plan, x, out, op, comm, algorithm, env, options):
+        self.plan, self.x, self.out, self.op, self.comm, self.algorithm = plan, x, out, op, comm, algorithm
+        self.options = options
+        self.shape, self.dtype, self.env = x.shape, x.dtype, env
+        self.st = plan.st
+        self.finish = plan.finish
+        self.fn = self.args = None
+        nat = plan.native
+        if nat is not None and plan.timeout is None:
+            direct = nat.direct() if nat.direct is not None else None
+            if direct is not None:
+                self.fn, self.args = direct
+            else:
+                self.fn, self.args = nat.blocking, ()
 
 
-def _root(root, size: int) -> int:
-    if not isinstance(root, (int, np.integer)) or isinstance(root, bool):
-        raise TypeError(f"mpicoll: root must be an int, not {type(root).__name__}")
-    if not 0 <= root < size:
-        raise ValueError(f"mpicoll: root {root} out of range for a communicator of size {size}")
-    return int(root)
+def short(c: _Cached, x, out, op, comm, algorithm):
+    """Run cached plan ``c`` if this call is the one it was built for (the
+    same arrays, op, communicator and algorithm, an unchanged environment);
+    None otherwise. The drop-in ``Comm.Allreduce`` calls it too."""
+    if c.out is not out or c.op is not op or c.comm is not comm or c.algorithm is not algorithm \
+            or x.shape != c.shape or x.dtype is not c.dtype or c.st.freed:
+        return None
+    env = c.env
+    if _DATA.get(_K1) is not env[0] or _DATA.get(_K2) is not env[1] or _DATA.get(_K3) is not env[2]:
+        return None  # (identity: the values os.environ holds; any change rebuilds the plan)
+    fn = c.fn
+    if fn is None:  # a point-to-point algorithm: the plan's schedule
+        res = c.plan.run()
+        return res.copy() if out is None else res
+    c.st.seq += 1
+    if fn(*c.args):
+        _direct.check(1)
+    if c.finish is not None:
+        c.finish()
+    return out if out is not None else c.plan.result.copy()
 
 
-def allreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", dtype=None, compression=None,
-              reproducible=False, check=None):
+def allreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", **options):
     """Reduce ``x`` element-wise across all ranks of ``comm``; every rank gets the result.
 
     Parameters
@@ -121,54 +127,58 @@ def allreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", dtype=None,
         Pre-flight agreement: every rank raises the same ``MismatchError``
         if the ranks' calls differ (default: env ``MPICOLL_CHECK``; see
         ``mpicoll.check``). Must be the same on every rank.
+    timeout : float, optional
+        Seconds; if the call has not completed by then, raise
+        ``mpicoll.CollectiveTimeout`` naming the peers it was waiting for
+        (default: env ``MPICOLL_TIMEOUT``, else no deadline).
+
+    ``dtype``, ``compression``, ``reproducible``, ``check`` and ``timeout``
+    are keyword-only and optional (``**options``: the short path below
+    checks one empty dict instead of five defaults).
 
     Returns ``out`` (a new array of x's shape and dtype if ``out`` is None).
     """
-    if not isinstance(reproducible, bool):
-        raise TypeError(f"mpicoll: reproducible must be a bool, not {type(reproducible).__name__}")
-    if compression is not None:
-        if reproducible:
-            raise ValueError("mpicoll: compression is lossy; it cannot be combined with reproducible=True")
-        from . import compression as _compression
-        return _compression.allreduce(x, op, comm=comm, out=out, compression=compression,
-                                      algorithm=algorithm, dtype=dtype)
-    arr, dt = buffers.as_reducible(x, dtype)
-    red = _reduction(op, dt)
-    name = _requested("allreduce", algorithm)
-    comm = check_intracomm(comm)
-    if out is None:
-        result = np.empty(arr.shape, arr.dtype)
-        src = buffers.storage(arr, dt)
-    else:
-        result = buffers.output(out, arr.shape, arr.dtype)
-        src = None if buffers.same_memory(result, arr) else buffers.storage(arr, dt)
-    flat = buffers.storage(result, dt)
-    st = state(comm)
-    _check.preflight(st, "allreduce", check, count=arr.size, dtype=dt.name, op=red.op.name, algorithm=name)
-    if st.size > 1 and reproducible:
-        from .algorithms import reproducible as _rep
-        _rep.allreduce(st, flat, red, src=src)
-    elif st.size > 1:
-        knobs = _NO_KNOBS
-        if name == "auto":
-            name, knobs = _choose_allreduce(st.size, flat.nbytes, red.op.name, dt.name, dt.mpi is not None,
-                                            _profile.current(), *_layout(st))
-        _alg.get("allreduce", name)(st, flat, red, src=src, **knobs)
-    elif src is not None:
-        flat[...] = src
-    if red.op.average:
-        red.finish(flat, st.size)
-    return result
+    # The short path: the same arrays, op, communicator and algorithm as a
+    # recent call, no options, and an unchanged environment run the cached
+    # plan's native call directly (see _Cached).
+    c = _cache.get(id(x))
+    if c is not None and (options == c.options if options else not c.options):
+        res = short(c, x, out, op, comm, algorithm)
+        if res is not None:
+            return res
+    if options:
+        bad = set(options) - _OPTIONS
+        if bad:
+            raise TypeError(f"mpicoll: allreduce() got an unexpected keyword argument {sorted(bad)[0]!r}")
+    if type(op) is str and type(x) is np.ndarray and (out is None or type(out) is np.ndarray) \
+            and _cacheable(options):
+        plan = _plan.allreduce(x, op, comm=comm, out=out, algorithm=algorithm, **options)
+        if plan.nbytes <= CACHE_MAX_BYTES and not plan.check_sig:
+            if len(_cache) >= CACHE_SIZE:
+                _cache.clear()
+            _cache[id(x)] = _Cached(plan, x, out, op, comm, algorithm, _env_raw(), dict(options))
+            res = plan.run()
+            return res.copy() if out is None else res
+        return plan.run()
+    return _plan.allreduce(x, op, comm=comm, out=out, algorithm=algorithm, **options).run()
 
 
-def _layout(st) -> tuple:
-    """(ranks_per_node, nodes) for select.allreduce (collective on a communicator's first call)."""
-    info = node_info(st)
-    return info.ranks_per_node, info.nodes
+_OPTIONS = frozenset(("dtype", "compression", "reproducible", "check", "timeout"))
+
+
+def _cacheable(options) -> bool:
+    """Options a kept plan can serve again: not compression (top-k keeps a
+    residual) and not check=True (its pre-flight runs once per call)."""
+    for k, v in options.items():
+        if k == "compression" and v is not None or k == "check" and v is not False and v is not None:
+            return False
+        if not isinstance(v, (str, bool, int, float, type(None))):
+            return False
+    return True
 
 
 def reduce_scatter(x, op="sum", *, comm=None, counts=None, out=None, algorithm="auto", dtype=None,
-                   check=None):
+                   check=None, timeout=None):
     """Reduce ``x`` across ranks and give rank i the i-th block of the result.
 
     ``x`` is taken flat. Blocks follow ``np.array_split(x.ravel(), p)``
@@ -176,136 +186,138 @@ def reduce_scatter(x, op="sum", *, comm=None, counts=None, out=None, algorithm="
     every rank's block length (they must add up to ``x.size``). Returns a
     1-D array with this rank's block (``out`` if given).
     """
-    arr, dt = buffers.as_reducible(x, dtype)
-    red = _reduction(op, dt)
-    name = _requested("reduce_scatter", algorithm)
-    comm = check_intracomm(comm)
-    p, rank = comm.Get_size(), comm.Get_rank()
-    n = arr.size
-    if counts is None:
-        bounds = block_bounds(n, p)
-    else:
-        counts = [int(c) for c in counts]
-        if len(counts) != p or any(c < 0 for c in counts) or sum(counts) != n:
-            raise ValueError(f"mpicoll: counts must be {p} non-negative block lengths adding up to {n}, got {counts}")
-        bounds = counts_to_bounds(counts)
-    a, b = bounds[rank]
-    result = buffers.output(out, (b - a,), arr.dtype)
-    st = state(comm)
-    _check.preflight(st, "reduce_scatter", check, count=n, dtype=dt.name, op=red.op.name, algorithm=name,
-                     counts=counts)
-    work = buffers.storage(arr, dt)
-    if st.size > 1:
-        # The algorithms reduce in place; never in the caller's input.
-        tmp = st.scratch("reduce_scatter", work.nbytes).view(work.dtype)
-        tmp[...] = work
-        work = tmp
-        if name == "auto":
-            name = select.simple("reduce_scatter", p, work.nbytes, native_dtype=dt.mpi is not None).name
-        _alg.get("reduce_scatter", name)(st, work, red, bounds)
-    flat = buffers.storage(result, dt)
-    flat[...] = work[a:b]
-    red.finish(flat, st.size)
-    return result
+    return _plan.reduce_scatter(x, op, comm=comm, counts=counts, out=out, algorithm=algorithm, dtype=dtype,
+                                check=check, timeout=timeout).run()
 
 
-def allgather(x, *, comm=None, out=None, algorithm="auto", check=None):
+def allgather(x, *, comm=None, out=None, algorithm="auto", check=None, timeout=None):
     """Gather every rank's ``x`` (same shape and dtype everywhere) to every rank.
 
     Returns an array of shape ``(p,) + x.shape``: row i is rank i's ``x``.
     Any fixed-size numpy dtype works, since nothing is reduced.
     """
-    arr = buffers.as_array(x)
-    name = _requested("allgather", algorithm)
-    comm = check_intracomm(comm)
-    p, rank = comm.Get_size(), comm.Get_rank()
-    result = buffers.output(out, (p,) + arr.shape, arr.dtype)
-    flat = buffers.as_bytes(result)
-    bounds = block_bounds(flat.size, p)
-    a, b = bounds[rank]
-    flat[a:b] = buffers.as_bytes(arr)
-    st = state(comm)
-    _check.preflight(st, "allgather", check, count=arr.size, dtype=(arr.dtype.str, arr.shape), algorithm=name)
-    if st.size > 1:
-        if name == "auto":
-            name = select.simple("allgather", p, flat.nbytes).name
-        _alg.get("allgather", name)(st, flat, bounds)
-    return result
+    return _plan.allgather(x, comm=comm, out=out, algorithm=algorithm, check=check, timeout=timeout).run()
 
 
-def bcast(x, root=0, *, comm=None, algorithm="auto", check=None):
+def bcast(x, root=0, *, comm=None, algorithm="auto", check=None, timeout=None):
     """Copy root's ``x`` into every rank's ``x`` (in place; same shape and dtype everywhere).
 
     ``x`` must be a writable, C-contiguous buffer. Returns ``x``.
     """
-    if isinstance(x, np.ndarray) and not x.flags.c_contiguous:
-        raise ValueError("mpicoll: bcast writes in place, so x must be C-contiguous")
-    arr = buffers.as_array(x)
-    if not arr.flags.writeable:
-        raise ValueError("mpicoll: bcast writes in place, so x must be writable")
-    name = _requested("bcast", algorithm)
-    comm = check_intracomm(comm)
-    root = _root(root, comm.Get_size())
-    st = state(comm)
-    _check.preflight(st, "bcast", check, count=arr.size, dtype=arr.dtype.str, algorithm=name, root=root)
-    if st.size > 1:
-        if name == "auto":
-            name = select.simple("bcast", st.size, arr.nbytes).name
-        _alg.get("bcast", name)(st, buffers.as_bytes(arr), root)
-    return x
+    return _plan.bcast(x, root, comm=comm, algorithm=algorithm, check=check, timeout=timeout).run()
 
 
-def reduce(x, op="sum", root=0, *, comm=None, out=None, algorithm="auto", dtype=None, check=None):
+def reduce(x, op="sum", root=0, *, comm=None, out=None, algorithm="auto", dtype=None, check=None, timeout=None):
     """Reduce ``x`` across ranks to ``root``.
 
     Returns the result (``out`` if given) on root and None elsewhere; ``out``
     is only looked at on root.
     """
-    arr, dt = buffers.as_reducible(x, dtype)
-    red = _reduction(op, dt)
-    name = _requested("reduce", algorithm)
-    comm = check_intracomm(comm)
-    root = _root(root, comm.Get_size())
-    is_root = comm.Get_rank() == root
-    result = buffers.output(out, arr.shape, arr.dtype) if is_root else None
-    st = state(comm)
-    _check.preflight(st, "reduce", check, count=arr.size, dtype=dt.name, op=red.op.name, algorithm=name,
-                     root=root)
-    src = buffers.storage(arr, dt)
-    if is_root:
-        work = buffers.storage(result, dt)
-        if not buffers.same_memory(result, arr):
-            work[...] = src
-    else:  # the algorithms overwrite their buffer: never the caller's input
-        work = st.scratch("reduce", src.nbytes).view(src.dtype)
-        work[...] = src
-    if st.size > 1:
-        if name == "auto":
-            name = select.simple("reduce", st.size, work.nbytes, native_dtype=dt.mpi is not None).name
-        _alg.get("reduce", name)(st, work, red, root)
-    if is_root:
-        red.finish(work, st.size)
-    return result
+    return _plan.reduce(x, op, root, comm=comm, out=out, algorithm=algorithm, dtype=dtype, check=check,
+                        timeout=timeout).run()
 
+
+# ---- nonblocking ----------------------------------------------------------------
+
+def iallreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", dtype=None, compression=None,
+               reproducible=False, check=None, timeout=None):
+    """Start an all-reduce; returns an ``mpicoll.Request`` (``wait()`` returns
+    the result). Same arguments as ``allreduce``; every algorithm name works.
+    Do not touch ``x`` or ``out`` before the request completes."""
+    return _plan.allreduce(x, op, comm=comm, out=out, algorithm=algorithm, dtype=dtype, compression=compression,
+                           reproducible=reproducible, check=check, timeout=timeout, nonblocking=True).start()
+
+
+def ireduce_scatter(x, op="sum", *, comm=None, counts=None, out=None, algorithm="auto", dtype=None, check=None,
+                    timeout=None):
+    """Nonblocking ``reduce_scatter``; returns a Request."""
+    return _plan.reduce_scatter(x, op, comm=comm, counts=counts, out=out, algorithm=algorithm, dtype=dtype,
+                                check=check, timeout=timeout, nonblocking=True).start()
+
+
+def iallgather(x, *, comm=None, out=None, algorithm="auto", check=None, timeout=None):
+    """Nonblocking ``allgather``; returns a Request."""
+    return _plan.allgather(x, comm=comm, out=out, algorithm=algorithm, check=check, timeout=timeout,
+                           nonblocking=True).start()
+
+
+def ibcast(x, root=0, *, comm=None, algorithm="auto", check=None, timeout=None):
+    """Nonblocking ``bcast``; returns a Request."""
+    return _plan.bcast(x, root, comm=comm, algorithm=algorithm, check=check, timeout=timeout,
+                       nonblocking=True).start()
+
+
+def ireduce(x, op="sum", root=0, *, comm=None, out=None, algorithm="auto", dtype=None, check=None, timeout=None):
+    """Nonblocking ``reduce``; returns a Request (its result is None off root)."""
+    return _plan.reduce(x, op, root, comm=comm, out=out, algorithm=algorithm, dtype=dtype, check=check,
+                        timeout=timeout, nonblocking=True).start()
+
+
+# ---- persistent --------------------------------------------------------------------
+
+def allreduce_init(x, op="sum", *, comm=None, out=None, algorithm="auto", dtype=None, compression=None,
+                   reproducible=False, check=None, timeout=None) -> _plan.Persistent:
+    """A persistent all-reduce (MPI-4 ``MPI_Allreduce_init``): validated and
+    decided once, then ``req.start(); req.wait()`` (or ``req()``) as often
+    as needed, in the same order on every rank. ``x`` and ``out`` are bound:
+    write new input into ``x`` between runs. With ``algorithm="mpi"`` (or
+    when "auto" picks it) the MPI library's own persistent collective is
+    used where it has one. Creating it is collective (like MPI's)."""
+    return _plan.Persistent(_plan.allreduce(x, op, comm=comm, out=out, algorithm=algorithm, dtype=dtype,
+                                            compression=compression, reproducible=reproducible, check=check,
+                                            timeout=timeout, nonblocking=True))
+
+
+def reduce_scatter_init(x, op="sum", *, comm=None, counts=None, out=None, algorithm="auto", dtype=None,
+                        check=None, timeout=None) -> _plan.Persistent:
+    """Persistent ``reduce_scatter`` (see allreduce_init)."""
+    return _plan.Persistent(_plan.reduce_scatter(x, op, comm=comm, counts=counts, out=out, algorithm=algorithm,
+                                                 dtype=dtype, check=check, timeout=timeout, nonblocking=True))
+
+
+def allgather_init(x, *, comm=None, out=None, algorithm="auto", check=None, timeout=None) -> _plan.Persistent:
+    """Persistent ``allgather`` (see allreduce_init)."""
+    return _plan.Persistent(_plan.allgather(x, comm=comm, out=out, algorithm=algorithm, check=check,
+                                            timeout=timeout, nonblocking=True))
+
+
+def bcast_init(x, root=0, *, comm=None, algorithm="auto", check=None, timeout=None) -> _plan.Persistent:
+    """Persistent ``bcast`` (see allreduce_init)."""
+    return _plan.Persistent(_plan.bcast(x, root, comm=comm, algorithm=algorithm, check=check, timeout=timeout,
+                                        nonblocking=True))
+
+
+def reduce_init(x, op="sum", root=0, *, comm=None, out=None, algorithm="auto", dtype=None, check=None,
+                timeout=None) -> _plan.Persistent:
+    """Persistent ``reduce`` (see allreduce_init)."""
+    return _plan.Persistent(_plan.reduce(x, op, root, comm=comm, out=out, algorithm=algorithm, dtype=dtype,
+                                         check=check, timeout=timeout, nonblocking=True))
+
+
+# ---- explain -----------------------------------------------------------------------
 
 def explain(nbytes: int, *, comm=None, op="sum", dtype="float32") -> select.Choice:
     """Which all-reduce algorithm "auto" picks for an ``nbytes`` message, and why
     (forced by the environment, a tuning profile's entry or model, or the
-    fixed defaults: the reason says which)."""
+    fixed defaults: the reason says which). Collective on a communicator's
+    first use (it settles the profile and layout every rank agrees on)."""
     from . import dtypes as _dtypes
+    from .comm import state
 
     comm = check_intracomm(comm)
     dt = _dtypes.BY_NAME[dtype] if isinstance(dtype, str) and dtype in _dtypes.BY_NAME \
         else _dtypes.of_numpy(np.dtype(dtype))
     o = _ops.resolve(op)
     o.check_dtype(dt)
-    forced = _forced_algorithm()
-    if forced and forced != "auto" and _alg.has("allreduce", forced):
-        return select.Choice(forced, f"forced by {ENV_ALGORITHM}")
-    # The node layout is known once the communicator has been used (finding
-    # it is collective, and explain is not); before that, one rank per node.
-    from . import comm as _comm
-    st = comm.Get_attr(_comm._keyval) if _comm._keyval is not None else None
-    rpn, nodes = _layout(st) if st is not None and "node" in st.extra else (1, 1)
-    return select.allreduce(comm.Get_size(), int(nbytes), o.name, dt.name, native_dtype=dt.mpi is not None,
-                            profile=_profile.current(), ranks_per_node=rpn, nodes=nodes)
+    forced, _, _ = _plan.env_settings()
+    if forced and forced != "auto":
+        from . import algorithms as _alg
+
+        if _alg.has("allreduce", forced):
+            return select.Choice(forced, f"forced by {ENV_ALGORITHM}")
+    st = state(comm)
+    c = select.allreduce(st.size, int(nbytes), o.name, dt.name, native_dtype=dt.mpi is not None,
+                         profile=st.profile, ranks_per_node=st.ranks_per_node, nodes=st.nodes)
+    if st.profile_note:
+        c = c._replace(reason=f"{c.reason} ({st.profile_note})")
+    return c

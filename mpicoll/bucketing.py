@@ -79,10 +79,13 @@ class GradientBucketer:
     bucket_bytes, first_bucket_bytes : bucket caps in bytes
     compression : None, "fp16", "bf16", "topk", "topk:RATIO", HalfPrecision or TopK
     algorithm : iallreduce algorithm for uncompressed buckets ("auto")
+    reproducible : bool, uncompressed buckets get the serial rank-ordered
+        reduction (``mpicoll.allreduce(..., reproducible=True)``)
     """
 
     def __init__(self, grads, *, comm=None, op="avg", bucket_bytes=BUCKET_BYTES,
-                 first_bucket_bytes=FIRST_BUCKET_BYTES, compression=None, algorithm="auto"):
+                 first_bucket_bytes=FIRST_BUCKET_BYTES, compression=None, algorithm="auto",
+                 reproducible=False):
         grads = list(grads)
         for name, v in (("bucket_bytes", bucket_bytes), ("first_bucket_bytes", first_bucket_bytes)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
@@ -91,6 +94,11 @@ class GradientBucketer:
         self._comm = check_intracomm(comm)
         self._algorithm = algorithm
         self._compression = None if compression is None else _compression.resolve(compression)
+        if not isinstance(reproducible, bool):
+            raise TypeError(f"mpicoll: reproducible must be a bool, not {type(reproducible).__name__}")
+        if reproducible and self._compression is not None:
+            raise ValueError("mpicoll: compression is lossy; it cannot be combined with reproducible=True")
+        self._reproducible = reproducible
 
         self._shapes, self._dtypes, self._arrays = [], [], []
         for i, g in enumerate(grads):
@@ -196,9 +204,10 @@ class GradientBucketer:
     def _launch(self, b: _Bucket) -> None:
         if b.compressor is None:
             b.request = iallreduce(b.buffer, op=self._op.name, comm=self._comm, out=b.buffer,
-                                   algorithm=self._algorithm)
-        else:  # blocking: there is no nonblocking compressed all-reduce
-            _compression.run(self._st, b.buffer, b.buffer, self._op.average, b.compressor)
+                                   algorithm=self._algorithm, reproducible=self._reproducible)
+        else:  # the compressed ring is a schedule too: nonblocking, so it overlaps the backward pass
+            b.request = iallreduce(b.buffer, op=self._op.name, comm=self._comm, out=b.buffer,
+                                   compression=b.compressor)
 
     def wait(self) -> list:
         """Wait for every bucket; returns the gradients (registered arrays or views)."""

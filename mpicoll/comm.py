@@ -11,11 +11,37 @@ own collective state:
 * the state lives exactly as long as the communicator: MPI calls the
   attribute's delete callback when the user frees it, and we free the
   duplicate there.
+
+One duplicate serves every call, blocking, nonblocking and persistent:
+each call takes the next number of the communicator's sequence
+(``next_seq``) and its messages carry a tag made from it. Every rank makes
+collective calls in the same order (MPI's rule), so the ranks agree on the
+tag, and calls in flight at the same time never match each other's
+messages.
+
+Creating the state is the one moment when mpicoll talks to the other ranks
+before anything else (the Dup is collective anyway), so the facts every rank
+must agree on are settled there, in one small allgather:
+
+* the tuning profile: each rank hashes the profile it would use; if the
+  hashes differ (a file missing or different on some host), rank 0's
+  profile is broadcast and used by all, so "auto" picks the same algorithm
+  everywhere;
+* the node layout for the decision (how many ranks share a host), from a
+  hash of each rank's processor name (or ``MPICOLL_FAKE_NODE_SIZE``). The
+  node and cross communicators themselves (``mpicoll.node``) are only made
+  when a shared-memory or hierarchical algorithm runs.
 """
 from __future__ import annotations
 
+import json
+import os
+import zlib
+
 import numpy as np
 from mpi4py import MPI
+
+from . import profile as _profile
 
 _keyval = None
 # Fast path in front of the attribute: communicator handle -> state. An
@@ -47,7 +73,25 @@ class CommState:
         self.rank: int = self.comm.Get_rank()
         self.size: int = self.comm.Get_size()
         self._scratch = {}
+        self.pool = {}  # scratch of blocking calls (schedule.Context.scratch), reused call after call
+        self.idle_pools = []  # scratch dictionaries of completed nonblocking calls, for the next ones
         self.extra = {}  # per-algorithm cached state (e.g. node communicators)
+        self.seq = 0
+        self.freed = False
+        # MPI guarantees tags up to 32767; tag 0 stays free for nothing in particular.
+        self.tag_span = max(1024, min(int(MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) or 32767), 1 << 20) - 1)
+        try:
+            self.profile, self.profile_note, self.ranks_per_node, self.nodes = _agree(self.comm, self.rank,
+                                                                                      self.size)
+        except BaseException:
+            self.comm.Free()
+            raise
+
+    def next_seq(self):
+        """(sequence number, tag) of the next collective call on this communicator."""
+        seq = self.seq
+        self.seq = seq + 1
+        return seq, 1 + seq % self.tag_span
 
     def scratch(self, name: str, nbytes: int) -> np.ndarray:
         """A reusable uint8 buffer of at least ``nbytes``, one per ``name``.
@@ -64,6 +108,9 @@ class CommState:
         return buf[:nbytes]
 
     def free(self) -> None:
+        self.freed = True
+        self.pool.clear()
+        self.idle_pools.clear()
         for v in self.extra.values():
             free = getattr(v, "free", None)
             if free is not None:
@@ -72,6 +119,58 @@ class CommState:
         self._scratch.clear()
         if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():
             self.comm.Free()
+
+
+ENV_FAKE_NODE_SIZE = "MPICOLL_FAKE_NODE_SIZE"
+# Settings every rank must share: checked once per communicator, when its
+# state is created.
+AGREED_ENV = ("MPICOLL_ALGORITHM", "MPICOLL_CHECK", "MPICOLL_TIMEOUT", ENV_FAKE_NODE_SIZE)
+
+
+def _digest(prof) -> int:
+    if prof is None:
+        return 0
+    return zlib.crc32(json.dumps(prof.to_json(), sort_keys=True).encode()) or 1
+
+
+def _agree(comm, rank: int, size: int):
+    """(profile, note, ranks_per_node, nodes), identical on every rank (collective)."""
+    prof = _profile.current()
+    fake = os.environ.get(ENV_FAKE_NODE_SIZE)
+    if fake:
+        host = rank // max(1, int(fake))
+    else:
+        host = zlib.crc32(MPI.Get_processor_name().encode())
+    if size == 1:
+        return prof, "", 1, 1
+    env = tuple(os.environ.get(k) for k in AGREED_ENV)
+    mine = np.array([host, _digest(prof), zlib.crc32(repr(env).encode())], np.int64)
+    table = np.empty((size, 3), np.int64)
+    comm.Allgather(mine, table)
+    if len(set(table[:, 2].tolist())) > 1:
+        # Every rank sees the same table, so every rank raises here, together.
+        envs = comm.allgather(env)
+        from .errors import MismatchError
+
+        bad = [k for i, k in enumerate(AGREED_ENV) if len({e[i] for e in envs}) > 1]
+        groups = {}
+        for r, e in enumerate(envs):
+            groups.setdefault(tuple(e[AGREED_ENV.index(k)] for k in bad), []).append(r)
+        raise MismatchError(f"mpicoll: {', '.join(bad)} must be the same on every rank (a rank that decides "
+                            "differently leaves the others waiting): "
+                            + "; ".join(f"{dict(zip(bad, v))} on ranks {rs}" for v, rs in groups.items()),
+                            bad[0], groups)
+    note = ""
+    if len(set(table[:, 1].tolist())) > 1:
+        # Some rank would decide differently: everyone takes rank 0's profile.
+        data = comm.bcast(None if prof is None else (prof.to_json(), prof.path), root=0)
+        prof = None if data is None else _profile.Profile.from_json(data[0], path=data[1])
+        note = (f"tuning profiles differ between ranks ({len(set(table[:, 1].tolist()))} versions); "
+                "using rank 0's")
+    hosts = {}
+    for h in table[:, 0].tolist():
+        hosts[h] = hosts.get(h, 0) + 1
+    return prof, note, max(hosts.values()), len(hosts)
 
 
 def state(comm: MPI.Intracomm) -> CommState:

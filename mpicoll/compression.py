@@ -39,11 +39,9 @@ import math
 
 import numpy as np
 
-from . import buffers
 from . import ops as _ops
 from ._kernels import ffi, lib
 from .algorithms import ring_compressed, sparse_allgather
-from .comm import check_intracomm, state
 
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -220,41 +218,40 @@ def check_args(arr: np.ndarray, op, spec):
     return o, c
 
 
-def allreduce(x, op="sum", *, comm=None, out=None, compression="fp16", algorithm="auto", dtype=None):
-    """``mpicoll.allreduce(..., compression=...)`` delegates here; same arguments."""
-    arr = buffers.as_array(x)
-    if dtype is not None and np.dtype(dtype) != arr.dtype:
-        raise TypeError(f"mpicoll: compression applies to float32 and float64 data, not dtype={dtype!r}")
-    o, c = check_args(arr, op, compression)
-    if algorithm != "auto":
-        raise ValueError(f"mpicoll: compression {c.name!r} chooses its own algorithm; algorithm must be 'auto'")
-    comm = check_intracomm(comm)
-    result = buffers.output(out, arr.shape, arr.dtype)
-    buffers.same_memory(result, arr)  # ValueError on a partial overlap; in place is fine
-    run(state(comm), arr.reshape(-1), result.reshape(-1), o.average, c)
-    return result
+def allreduce(x, op="sum", *, comm=None, out=None, compression="fp16", algorithm="auto", dtype=None, check=None,
+              timeout=None):
+    """``mpicoll.allreduce(..., compression=...)``; same arguments (one plan layer: mpicoll.plan)."""
+    from . import plan as _plan
+
+    return _plan.allreduce(x, op, comm=comm, out=out, compression=compression, algorithm=algorithm, dtype=dtype,
+                           check=check, timeout=timeout).run()
 
 
-def run(st, src: np.ndarray, dst: np.ndarray, average: bool, c) -> None:
+def schedule(ctx, src: np.ndarray, dst: np.ndarray, average: bool, c):
     """Compressed sum (or average) of the 1-D float arrays ``src`` into ``dst``
-    (same length and dtype; may be the same array) over ``st``'s ranks.
-    Arguments are checked by the caller; this is what the bucketer calls."""
-    n, p = src.size, st.size
+    (same length and dtype; may be the same array) over ``ctx``'s ranks, as a
+    schedule: the blocking and nonblocking drivers both run it. Arguments are
+    checked by the plan layer."""
+    n, p = src.size, ctx.size
     if n == 0:
         return
     if isinstance(c, TopK):
         idx, val = c.select(src)  # reads src before dst is written: in place is fine
-        sparse_allgather.allreduce(st, idx, val, n, dst, average)
+        yield from sparse_allgather.allreduce(ctx, idx, val, n, dst, average)
         return
     fmt = c.fmt
-    src32 = src if src.dtype == np.float32 else _as_f32(st, src)
-    wire = st.scratch("compression_wire", 2 * n).view(np.uint16)
-    ring_compressed.allreduce(st, src32, wire, fmt, p if c.prescale else 1)
+    if src.dtype == np.float32:
+        src32 = src
+    else:
+        src32 = ctx.scratch("compression_src32", src.size, np.float32)
+        src32[...] = src
+    wire = ctx.scratch("compression_wire", n, np.uint16)
+    yield from ring_compressed.allreduce(ctx, src32, wire, fmt, p if c.prescale else 1)
     if dst.dtype == np.float32:
         fmt.widen(dst, wire)
         res = dst
     else:
-        res = st.scratch("compression_f32", 4 * n).view(np.float32)
+        res = ctx.scratch("compression_f32", n, np.float32)
         fmt.widen(res, wire)
         dst[...] = res
         res = dst
@@ -264,7 +261,10 @@ def run(st, src: np.ndarray, dst: np.ndarray, average: bool, c) -> None:
         res /= p
 
 
-def _as_f32(st, src):
-    out = st.scratch("compression_src32", 4 * src.size).view(np.float32)
-    out[...] = src
-    return out
+def run(st, src: np.ndarray, dst: np.ndarray, average: bool, c) -> None:
+    """Blocking run of ``schedule`` on CommState ``st`` (benchmarks)."""
+    from . import schedule as _sched
+
+    seq, tag = st.next_seq()
+    _sched.run(schedule(_sched.Context(st, tag, st.pool, ("allreduce", f"compressed-{c.name}", src.nbytes, seq)),
+                        src, dst, average, c))

@@ -52,281 +52,35 @@ which mpi4py passes on to MPI unchecked, is a ValueError here.
 """
 from __future__ import annotations
 
-import operator
-
 import numpy as np
 from mpi4py import MPI
-from mpi4py.util import dtlib
 
-from . import algorithms as _alg
-from . import api, nonblocking, select
 from . import dtypes as _dtypes
 from . import ops as _ops
+from . import plan as _plan
+from . import api as _api
 from .comm import state
+# Buffer-spec parsing (specs.py) and the MPI type tables (typemap.py) live
+# in their own modules; this one holds the Comm class and its fast path.
+from .specs import _check_pair, _format_type, _in_place, _in_place_arg, _index, parse
+from .typemap import Native as _Native, kernel_dtype as _kernel_dtype, type_info as _type_info
 
 __all__ = ["Comm"]
 
 
-class _Native(Exception):
-    """Raised inside the parsing to send the call to mpi4py's own method."""
-
-
-# ---- datatypes ----------------------------------------------------------------
-
-def _predefined_types():
-    """Every named, predefined MPI datatype: py2f handle -> (datatype, mpicoll DType or None)."""
-    table = {}
-    for name in dir(MPI):
-        v = getattr(MPI, name)
-        if not isinstance(v, MPI.Datatype) or v == MPI.DATATYPE_NULL:
-            continue
-        try:
-            if not v.is_predefined or v.combiner != MPI.COMBINER_NAMED or v.size <= 0:
-                continue
-            if v.lb != 0 or v.extent != v.size:  # padded pair types (DOUBLE_INT): MPI moves those
-                continue
-        except MPI.Exception:  # a type this MPI library does not provide
-            continue
-        dt = None
-        try:
-            dt = _dtypes.of_numpy(dtlib.to_numpy_dtype(v))
-        except Exception:  # no numpy equivalent (PACKED, ...) or no mpicoll kernel
-            pass
-        if dt is not None and dt.itemsize != v.size:
-            dt = None
-        if v == MPI.PACKED or v == MPI.LOGICAL:  # bytes, not numbers / Fortran truth values: MPI's rules
-            dt = None
-        table[v.py2f()] = (v, dt)
-    return table
-
-
-_TYPES = None
-
-
-def _type_info(datatype: MPI.Datatype):
-    """(size in bytes, mpicoll DType or None); _Native for derived types."""
-    global _TYPES
-    if _TYPES is None:
-        _TYPES = _predefined_types()
-    found = _TYPES.get(datatype.py2f())
-    if found is None:
-        raise _Native  # derived (or unknown) datatype: MPI handles it
-    return found[0].size, found[1]
-
-
-def _kernel_dtype(datatype: MPI.Datatype, op) -> tuple:
-    """(DType, mpicoll Op) for a reduction, or _Native."""
-    if not isinstance(op, MPI.Op):
-        raise _Native  # mpi4py raises its TypeError
-    _, dt = _type_info(datatype)
-    if datatype == MPI.BYTE:
-        # MPI defines BYTE for the bitwise ops only; anything else is MPI's error to give.
-        if op not in (MPI.BAND, MPI.BOR, MPI.BXOR):
-            raise _Native
-        dt = _dtypes.BY_NAME["uint8"]
-    if dt is None:
-        raise _Native
-    try:
-        o = _ops.resolve(op)
-        o.check_dtype(dt)
-    except (TypeError, ValueError):
-        raise _Native from None
-    return dt, o
-
-
-# ---- buffer specs (mirrors mpi4py's message_simple) -----------------------------
-
-_TYPEDICT = MPI._typedict
-
-
-def _as_datatype(t) -> MPI.Datatype:
-    if isinstance(t, MPI.Datatype):
-        return t
-    try:
-        return _TYPEDICT[t]
-    except (KeyError, TypeError):
-        raise KeyError(f"cannot map {t!r} to MPI datatype") from None
-
-
-def _format_type(obj, fmt: str) -> MPI.Datatype:
-    if fmt == "B":
-        return MPI.BYTE
-    if fmt[:1] in "@<" and len(fmt) > 1:
-        if fmt[0] == "<" and np.little_endian is False:  # pragma: no cover - big-endian hosts
-            raise BufferError(f"format string {fmt!r} with non-native byte order")
-        fmt = fmt[1:]
-    elif fmt[:1] in ">!":
-        if not (fmt[0] == ">" and not np.little_endian):
-            raise BufferError(f"format string {fmt!r} with non-native byte order")
-        fmt = fmt[1:]
-    return _as_datatype(fmt)
-
-
-def _is_datatype(x) -> bool:
-    return isinstance(x, (MPI.Datatype, str))
-
-
-def _index(x) -> int:
-    return operator.index(x)
-
-
-class _Msg:
-    """One parsed buffer spec: ``raw`` (uint8 view from the first used byte),
-    ``count`` entries of ``datatype`` (``itemsize`` bytes each)."""
-
-    __slots__ = ("raw", "count", "datatype", "itemsize", "dtype")
-
-    @property
-    def nbytes(self) -> int:
-        return self.count * self.itemsize
-
-    def data(self) -> np.ndarray:
-        """The used bytes, as a storage array of the kernel dtype (bytes if none)."""
-        b = self.raw[:self.nbytes]
-        return b.view(self.dtype.storage) if self.dtype is not None else b
-
-    @property
-    def address(self) -> int:
-        return self.raw.ctypes.data if self.raw.size else 0
-
-
-def _host_bytes(o_buf, writable: bool) -> np.ndarray:
-    """uint8 view of a host buffer, acquired by mpi4py's own MPI.buffer."""
-    if not _is_buffer(o_buf):
-        if hasattr(o_buf, "__cuda_array_interface__"):
-            raise _Native  # device memory: the MPI library may handle it, we cannot
-        dev = getattr(o_buf, "__dlpack_device__", None)
-        if dev is not None and dev()[0] != 1:  # kDLCPU
-            raise _Native
-    mb = MPI.buffer(o_buf)
-    if writable and mb.readonly:
-        # Let mpi4py's own writable-buffer acquisition raise its own error (it
-        # fails before MPI is called; a no-op on COMM_SELF if it did not).
-        MPI.COMM_SELF.Allreduce(MPI.IN_PLACE, [o_buf, MPI.BYTE], MPI.BOR)
-        raise BufferError("message: buffer is not writable")
-    if mb.nbytes == 0:
-        return np.empty(0, np.uint8)
-    return np.frombuffer(mb, np.uint8)
-
-
-def _is_buffer(obj) -> bool:
-    try:
-        memoryview(obj).release()
-        return True
-    except TypeError:
-        return False
-
-
-def _buffer_format(o_buf) -> str:
-    if _is_buffer(o_buf):
-        with memoryview(o_buf) as mv:
-            return mv.format
-    arr = np.from_dlpack(o_buf)
-    return memoryview(arr).format if arr.size else np.dtype(arr.dtype).char
-
-
-def parse(msg, writable: bool, blocks: int = 0) -> _Msg:
-    """Parse an mpi4py buffer spec the way mpi4py's ``message_simple`` does
-    (same accepted forms, same errors); _Native for what only MPI can do."""
-    o_buf = o_count = o_displ = o_type = None
-    if _is_buffer(msg):
-        o_buf = msg
-    elif isinstance(msg, (list, tuple)):
-        n = len(msg)
-        if n == 2:
-            o_buf, o_count = msg
-            if _is_datatype(o_count):
-                o_count, o_type = None, o_count
-            elif isinstance(o_count, (list, tuple)):
-                o_count, o_displ = o_count
-        elif n == 3:
-            o_buf, o_count, o_type = msg
-            if isinstance(o_count, (list, tuple)):
-                o_count, o_displ = o_count
-        elif n == 4:
-            o_buf, o_count, o_displ, o_type = msg
-        else:
-            raise ValueError("message: expecting 2 to 4 items")
-    elif hasattr(msg, "__dlpack__") or hasattr(msg, "__cuda_array_interface__"):
-        o_buf = msg
-    else:
-        raise TypeError("message: expecting buffer or list/tuple")
-
-    if o_buf is None or o_buf is MPI.BOTTOM:
-        datatype = _as_datatype(o_type)
-        raw = np.empty(0, np.uint8)
-        if o_buf is MPI.BOTTOM:
-            raise _Native  # absolute addresses: only MPI can follow them
-    else:
-        raw = _host_bytes(o_buf, writable)
-        datatype = _as_datatype(o_type) if o_type is not None else _format_type(o_buf, _buffer_format(o_buf))
-    size, dt = _type_info(datatype)
-
-    length = raw.size
-    if o_displ is not None:
-        displ = _index(o_displ)
-        if displ < 0:
-            raise ValueError(f"message: negative displacement {displ}")
-        if displ > 0:
-            if displ * size > length:
-                raise ValueError(f"message: displacement {displ} out of bounds, "
-                                 f"number of datatype entries {length // size}")
-            raw = raw[displ * size:]
-            length = raw.size
-    if o_count is not None:
-        count = _index(o_count)
-        if count < 0:
-            raise ValueError(f"message: negative count {count}")
-        if count > 0 and o_buf is None:
-            raise ValueError(f"message: buffer is None but count is {count}")
-        if count * size * max(blocks, 1) > length:
-            # mpi4py hands this to MPI unchecked (a read or write past the buffer).
-            raise ValueError(f"message: count {count} of {max(blocks, 1)} block(s) needs "
-                             f"{count * size * max(blocks, 1)} bytes, the buffer has {length}")
-    else:
-        count = 0
-        if length > 0:
-            if length % size:
-                raise ValueError(f"message: cannot infer count, buffer length {length} is not a multiple of "
-                                 f"datatype extent {size} (lb:0, ub:{size})")
-            entries = length // size
-            if blocks < 2:
-                count = entries
-            else:
-                if entries % blocks:
-                    raise ValueError(f"message: cannot infer count, number of entries {entries} is not a "
-                                     f"multiple of required number of blocks {blocks}")
-                count = entries // blocks
-    m = _Msg()
-    m.raw, m.count, m.datatype, m.itemsize, m.dtype = raw, count, datatype, size, dt
-    return m
-
-
-def _in_place_arg(sendbuf) -> bool:
-    """mpi4py reads a send buffer of None as MPI.IN_PLACE."""
-    return sendbuf is None or sendbuf is MPI.IN_PLACE
-
-
-def _check_pair(s: _Msg, r: _Msg) -> None:
-    if s.datatype != r.datatype:
-        raise ValueError("mismatch in send and receive MPI datatypes")
-    if s.count != r.count:
-        raise ValueError(f"mismatch in send count {s.count} and receive count {r.count}")
-
-
-def _in_place(s: _Msg, r: _Msg) -> bool:
-    """mpi4py's rule: a send buffer at the receive buffer's address is in
-    place. Any other overlap is an error MPI would not catch reliably."""
-    if s.nbytes and r.nbytes and s.address == r.address:
-        return True
-    if s.nbytes and r.nbytes and np.may_share_memory(s.raw[:s.nbytes], r.raw[:r.nbytes]):
-        raise ValueError("mpicoll: send and receive buffers partially overlap")
-    return False
-
-
 def _check_algorithm(collective: str, algorithm) -> None:
-    if algorithm != "auto":
-        api._requested(collective, algorithm)
+    _plan.requested(collective, algorithm, _plan.env_settings()[0])
+
+
+def _go(mode: str, build, *args, **kw):
+    """Run a plan builder in one of the three modes: "run" (blocking; the
+    drop-in returns None like mpi4py), "start" (a Request) or "init" (a
+    persistent request)."""
+    if mode == "run":
+        build(*args, **kw).run()
+        return None
+    p = build(*args, nonblocking=True, **kw)
+    return p.start() if mode == "start" else _plan.Persistent(p)
 
 
 # ---- the fast path: plain C-contiguous numpy arrays ------------------------------
@@ -381,6 +135,12 @@ def _fast_allreduce(sendbuf, recvbuf, op):
     return (sendbuf if sendbuf.ndim == 1 else sendbuf.reshape(-1)), out, o.name
 
 
+# id(recvbuf) -> (sendbuf, op, recvbuf, x, out, op name) of recent short
+# Allreduce calls: the flat views handed to mpicoll.allreduce are kept, so a
+# repeated call finds that call's cached plan (keyed by the views' identity).
+_recent = {}
+
+
 class Comm(MPI.Intracomm):
     """An mpi4py ``Intracomm`` (same MPI handle) whose buffer collectives
     run on mpicoll. See the module docstring for what is accepted."""
@@ -407,35 +167,56 @@ class Comm(MPI.Intracomm):
         return type(self)(super().Create_group(group, tag))
 
     # -- reductions --
-    def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM, *, algorithm="auto"):  # noqa: N802
-        fast = _fast_allreduce(sendbuf, recvbuf, op)
-        if fast is not None:  # plain numpy arrays: the common case, without the general parsing
-            x, out, name = fast
-            api.allreduce(x, name, comm=self, out=out, algorithm=algorithm)
-            return
-        try:
-            plan = self._allreduce_plan(sendbuf, recvbuf, op)
-        except _Native:
-            return super().Allreduce(sendbuf, recvbuf, op)
-        _check_algorithm("allreduce", algorithm)
-        flat, src, dt, o = plan
-        api.allreduce(flat if src is None else src, o, comm=self, out=flat, algorithm=algorithm, dtype=dt.name)
+    # Each collective is one method _x(..., mode) that parses mpi4py's
+    # arguments and builds the plan; Allreduce/Iallreduce/Allreduce_init are
+    # that method in the modes "run", "start" and "init". What mpicoll cannot
+    # serve goes to mpi4py's method of the same mode.
+
+    def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM, *, algorithm="auto"):  # noqa: N802 (mpi4py's names)
+        # The short path: the same buffers and op as a recent call reuse the
+        # arrays that call handed to mpicoll.allreduce, whose cached plan then
+        # runs without parsing anything (see api.short).
+        e = _recent.get(id(recvbuf))
+        if e is not None and e[0] is sendbuf and e[1] is op and e[2] is recvbuf:
+            c = _api._cache.get(id(e[3]))
+            if c is not None and _api.short(c, e[3], e[4], e[5], self, algorithm) is not None:
+                return None
+        return self._allreduce(sendbuf, recvbuf, op, algorithm, "run")
 
     def Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM, *, algorithm="auto"):  # noqa: N802
         """Returns an ``mpicoll.Request`` (``Wait``/``Test``/``wait``/``test``;
         ``mpicoll.waitall`` for several); a native fallback returns mpi4py's
         ``MPI.Request``."""
+        return self._allreduce(sendbuf, recvbuf, op, algorithm, "start")
+
+    def Allreduce_init(self, sendbuf, recvbuf, op=MPI.SUM, info=MPI.INFO_NULL, *, algorithm="auto"):  # noqa: N802
+        """A persistent all-reduce (``Start``/``Wait``/``Test``), an
+        ``mpicoll.Persistent``; a native fallback returns mpi4py's ``MPI.Prequest``."""
+        return self._allreduce(sendbuf, recvbuf, op, algorithm, "init", info)
+
+    def _allreduce(self, sendbuf, recvbuf, op, algorithm, mode, info=MPI.INFO_NULL):
         fast = _fast_allreduce(sendbuf, recvbuf, op)
-        if fast is not None:
+        if fast is not None:  # plain numpy arrays: the common case, without the general parsing
             x, out, name = fast
-            return nonblocking.iallreduce(x, name, comm=self, out=out, algorithm=algorithm)
+            if mode == "run":
+                _api.allreduce(x, name, comm=self, out=out, algorithm=algorithm)
+                if x.nbytes <= _api.CACHE_MAX_BYTES:
+                    if len(_recent) >= _api.CACHE_SIZE:
+                        _recent.clear()
+                    _recent[id(recvbuf)] = (sendbuf, op, recvbuf, x, out, name)
+                return None
+            return _go(mode, _plan.allreduce, x, name, comm=self, out=out, algorithm=algorithm)
         try:
             plan = self._allreduce_plan(sendbuf, recvbuf, op)
         except _Native:
-            return super().Iallreduce(sendbuf, recvbuf, op)
+            if mode == "run":
+                return super().Allreduce(sendbuf, recvbuf, op)
+            if mode == "start":
+                return super().Iallreduce(sendbuf, recvbuf, op)
+            return super().Allreduce_init(sendbuf, recvbuf, op, info)
         flat, src, dt, o = plan
-        return nonblocking.iallreduce(flat if src is None else src, o, comm=self, out=flat,
-                                      algorithm=algorithm, dtype=dt.name)
+        return _go(mode, _plan.allreduce, flat if src is None else src, o, comm=self, out=flat, algorithm=algorithm,
+                   dtype=dt.name)
 
     def _allreduce_plan(self, sendbuf, recvbuf, op):
         if not isinstance(op, MPI.Op):
@@ -454,6 +235,15 @@ class Comm(MPI.Intracomm):
         return r.data(), src, dt, o
 
     def Reduce(self, sendbuf, recvbuf, op=MPI.SUM, root=0, *, algorithm="auto"):  # noqa: N802
+        return self._reduce(sendbuf, recvbuf, op, root, algorithm, "run")
+
+    def Ireduce(self, sendbuf, recvbuf, op=MPI.SUM, root=0, *, algorithm="auto"):  # noqa: N802
+        return self._reduce(sendbuf, recvbuf, op, root, algorithm, "start")
+
+    def Reduce_init(self, sendbuf, recvbuf, op=MPI.SUM, root=0, info=MPI.INFO_NULL, *, algorithm="auto"):  # noqa: N802
+        return self._reduce(sendbuf, recvbuf, op, root, algorithm, "init", info)
+
+    def _reduce(self, sendbuf, recvbuf, op, root, algorithm, mode, info=MPI.INFO_NULL):
         try:
             if not isinstance(op, MPI.Op) or not isinstance(root, (int, np.integer)) or isinstance(root, bool):
                 raise _Native  # mpi4py's TypeError
@@ -476,11 +266,24 @@ class Comm(MPI.Intracomm):
                 dt, o = _kernel_dtype(s.datatype, op)
                 x, out = s.raw[:s.nbytes].view(dt.storage), None
         except _Native:
-            return super().Reduce(sendbuf, recvbuf, op, root)
-        _check_algorithm("reduce", algorithm)
-        api.reduce(x, o, root, comm=self, out=out, algorithm=algorithm, dtype=dt.name)
+            if mode == "run":
+                return super().Reduce(sendbuf, recvbuf, op, root)
+            if mode == "start":
+                return super().Ireduce(sendbuf, recvbuf, op, root)
+            return super().Reduce_init(sendbuf, recvbuf, op, root, info)
+        return _go(mode, _plan.reduce, x, o, root, comm=self, out=out, algorithm=algorithm, dtype=dt.name)
 
     def Reduce_scatter_block(self, sendbuf, recvbuf, op=MPI.SUM, *, algorithm="auto"):  # noqa: N802
+        return self._reduce_scatter_block(sendbuf, recvbuf, op, algorithm, "run")
+
+    def Ireduce_scatter_block(self, sendbuf, recvbuf, op=MPI.SUM, *, algorithm="auto"):  # noqa: N802
+        return self._reduce_scatter_block(sendbuf, recvbuf, op, algorithm, "start")
+
+    def Reduce_scatter_block_init(self, sendbuf, recvbuf, op=MPI.SUM, info=MPI.INFO_NULL, *,  # noqa: N802
+                                  algorithm="auto"):
+        return self._reduce_scatter_block(sendbuf, recvbuf, op, algorithm, "init", info)
+
+    def _reduce_scatter_block(self, sendbuf, recvbuf, op, algorithm, mode, info=MPI.INFO_NULL):
         try:
             if not isinstance(op, MPI.Op):
                 raise _Native
@@ -506,9 +309,13 @@ class Comm(MPI.Intracomm):
                         raise ValueError("mpicoll: send and receive buffers partially overlap")
                     out = x[:r.count]
         except _Native:
-            return super().Reduce_scatter_block(sendbuf, recvbuf, op)
-        _check_algorithm("reduce_scatter", algorithm)
-        api.reduce_scatter(x, o, comm=self, counts=[r.count] * p, out=out, algorithm=algorithm, dtype=dt.name)
+            if mode == "run":
+                return super().Reduce_scatter_block(sendbuf, recvbuf, op)
+            if mode == "start":
+                return super().Ireduce_scatter_block(sendbuf, recvbuf, op)
+            return super().Reduce_scatter_block_init(sendbuf, recvbuf, op, info)
+        return _go(mode, _plan.reduce_scatter, x, o, comm=self, counts=[r.count] * p, out=out, algorithm=algorithm,
+                   dtype=dt.name)
 
     def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM, *, algorithm="auto"):  # noqa: N802
         try:
@@ -521,7 +328,13 @@ class Comm(MPI.Intracomm):
             if s is not None and s.nbytes and r.nbytes and s.address == r.address:
                 in_place = True
             dt, o = _kernel_dtype(r.datatype, op)
+            if s is not None and not in_place and s.datatype != r.datatype:
+                raise ValueError("mismatch in send and receive MPI datatypes")
             if recvcounts is None and not in_place:
+                # Every local check that needs no counts comes first: the
+                # allgather below is collective, and a rank that raised
+                # after it would leave the others in the reduce-scatter.
+                _check_algorithm("reduce_scatter", algorithm)
                 counts = state(self).comm.allgather(r.count)  # as mpi4py does, on our private duplicate
             else:
                 if recvcounts is None:
@@ -533,8 +346,6 @@ class Comm(MPI.Intracomm):
                     raise ValueError(f"expecting {p} items, got {len(counts)}")
             total = sum(counts)
             if not in_place:
-                if s.datatype != r.datatype:
-                    raise ValueError("mismatch in send and receive MPI datatypes")
                 if s.count != total:
                     raise ValueError(f"mismatch in send count {s.count} and sum(counts) {total}")
                 if r.count != counts[rank]:
@@ -555,10 +366,19 @@ class Comm(MPI.Intracomm):
         except _Native:
             return super().Reduce_scatter(sendbuf, recvbuf, recvcounts, op)
         _check_algorithm("reduce_scatter", algorithm)
-        api.reduce_scatter(x, o, comm=self, counts=counts, out=out, algorithm=algorithm, dtype=dt.name)
+        _plan.reduce_scatter(x, o, comm=self, counts=counts, out=out, algorithm=algorithm, dtype=dt.name).run()
 
     # -- data movement (any predefined datatype: nothing is reduced) --
     def Bcast(self, buf, root=0, *, algorithm="auto"):  # noqa: N802
+        return self._bcast(buf, root, algorithm, "run")
+
+    def Ibcast(self, buf, root=0, *, algorithm="auto"):  # noqa: N802
+        return self._bcast(buf, root, algorithm, "start")
+
+    def Bcast_init(self, buf, root=0, info=MPI.INFO_NULL, *, algorithm="auto"):  # noqa: N802
+        return self._bcast(buf, root, algorithm, "init", info)
+
+    def _bcast(self, buf, root, algorithm, mode, info=MPI.INFO_NULL):
         try:
             if not isinstance(root, (int, np.integer)) or isinstance(root, bool):
                 raise _Native
@@ -570,35 +390,49 @@ class Comm(MPI.Intracomm):
             if is_root and not data.flags.writeable:
                 data = data.copy()  # root only sends, but mpicoll.bcast wants a writable buffer
         except _Native:
-            return super().Bcast(buf, root)
-        _check_algorithm("bcast", algorithm)
-        api.bcast(data, root, comm=self, algorithm=algorithm)
+            if mode == "run":
+                return super().Bcast(buf, root)
+            if mode == "start":
+                return super().Ibcast(buf, root)
+            return super().Bcast_init(buf, root, info)
+        return _go(mode, _plan.bcast, data, root, comm=self, algorithm=algorithm)
 
     def Allgather(self, sendbuf, recvbuf, *, algorithm="auto"):  # noqa: N802
+        return self._allgather(sendbuf, recvbuf, algorithm, "run")
+
+    def Iallgather(self, sendbuf, recvbuf, *, algorithm="auto"):  # noqa: N802
+        return self._allgather(sendbuf, recvbuf, algorithm, "start")
+
+    def Allgather_init(self, sendbuf, recvbuf, info=MPI.INFO_NULL, *, algorithm="auto"):  # noqa: N802
+        return self._allgather(sendbuf, recvbuf, algorithm, "init", info)
+
+    def _allgather(self, sendbuf, recvbuf, algorithm, mode, info=MPI.INFO_NULL):
         try:
             p, rank = self.Get_size(), self.Get_rank()
             r = parse(recvbuf, writable=True, blocks=p)
             block = r.nbytes
             flat = r.raw[:block * p]
-            if _in_place_arg(sendbuf):
-                s = None
-            else:
+            mine, in_place = None, True
+            if not _in_place_arg(sendbuf):
                 s = parse(sendbuf, writable=False)
                 if s.nbytes != block:
                     raise _Native  # a type-signature mismatch: MPI's error to report
-            if s is not None:
                 mine = s.raw[:s.nbytes]
                 if block and np.may_share_memory(mine, flat):
                     if mine.ctypes.data != flat[rank * block:].ctypes.data:
                         raise ValueError("mpicoll: send buffer overlaps the receive buffer")
                 else:
-                    flat[rank * block:(rank + 1) * block] = mine
+                    in_place = False
         except _Native:
-            return super().Allgather(sendbuf, recvbuf)
-        _check_algorithm("allgather", algorithm)
-        st = state(self)
-        if st.size > 1 and block:
-            name = api._requested("allgather", algorithm)
-            if name == "auto":
-                name = select.simple("allgather", p, flat.nbytes).name
-            _alg.get("allgather", name)(st, flat, [(i * block, (i + 1) * block) for i in range(p)])
+            if mode == "run":
+                return super().Allgather(sendbuf, recvbuf)
+            if mode == "start":
+                return super().Iallgather(sendbuf, recvbuf)
+            return super().Allgather_init(sendbuf, recvbuf, info)
+        name, entry, knobs, check_on, timeout = _plan.options("allgather", algorithm, None, None, None)
+        plan = _plan.allgather_bytes(self, flat, mine, rank, p, name, entry, knobs, check_on, timeout, None,
+                                     dict(count=block, dtype="bytes"), mode != "run", in_place=in_place)
+        if mode == "run":
+            plan.run()
+            return None
+        return plan.start() if mode == "start" else _plan.Persistent(plan)

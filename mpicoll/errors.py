@@ -22,3 +22,28 @@ class MismatchError(ValueError):
         super().__init__(message)
         self.field = field
         self.values = dict(values or {})
+
+
+class CollectiveTimeout(TimeoutError):
+    """A collective passed its deadline (``timeout=`` or ``MPICOLL_TIMEOUT``).
+
+    Raised on the rank whose wait ran out. The message and the attributes
+    say what it was waiting for, like a flight recorder: ``collective``,
+    ``algorithm``, ``step``, ``peers`` (the ranks whose messages had not
+    completed; empty inside the MPI library's own collectives), ``nbytes``,
+    ``seq`` (the call's sequence number on the communicator) and ``rank``.
+    The other ranks are not told; under ``python -m mpi4py`` the uncaught
+    exception ends the job, or the program may catch it and call
+    ``comm.Abort()``.
+    """
+
+    def __init__(self, message: str, *, collective="", algorithm="", step="", peers=(), nbytes=-1, seq=-1,
+                 rank=-1):
+        super().__init__(message)
+        self.collective = collective
+        self.algorithm = algorithm
+        self.step = step
+        self.peers = list(peers)
+        self.nbytes = nbytes
+        self.seq = seq
+        self.rank = rank

@@ -3,34 +3,38 @@
 A message of ``m`` bytes costs ``alpha + m beta``; combining ``m`` bytes
 costs ``m gamma`` (Hockney's model with Thakur, Rabenseifner & Gropp's
 reduction term, "Optimization of Collective Communication Operations in
-MPICH", 2005). The time of one all-reduce is the cost of its *critical
-path*, the longest chain of messages and combines any rank waits on:
+MPICH", 2005). The time of one all-reduce is priced by its busiest rank:
 
     T = o + M alpha + W beta + R gamma
 
-with ``M`` messages, ``W`` bytes sent and ``R`` bytes combined along that
-path (``terms()``), and ``o`` the fixed cost of one call (argument checks,
+with ``M`` the messages, ``W`` the bytes that rank sends and ``R`` the bytes
+it combines (``terms()``, each the largest over the ranks: exactly what the
+simulated driver ``mpicoll.schedule.simulate`` counts when it runs the
+algorithm's schedule, which tests/test_model_counts.py checks for p = 1..9
+and awkward counts), and ``o`` the fixed cost of one call (argument checks,
 Python, the MPI library's entry; measured here it is tens of microseconds,
 as large as several alphas, so leaving it out would bias alpha).
 
-``n`` is the message size in bytes, ``p`` the number of ranks,
-``pof2`` the largest power of two <= p, ``rem = p - pof2``, ``lg = log2(pof2)``,
-``fold = 1`` when p is not a power of two (else 0):
+``n`` is the message size in bytes, ``p`` the number of ranks, ``b_i`` the
+blocks of np.array_split, ``pof2`` the largest power of two <= p,
+``rem = p - pof2``, ``lg = log2(pof2)``, ``fold = 1`` when p is not a power
+of two (else 0); for divisible sizes:
 
 =====================  =====================  ==========================  =====================
-algorithm              M (messages)           W (bytes on the wire)       R (bytes combined)
+algorithm              M (messages)           W (bytes sent)              R (bytes combined)
 =====================  =====================  ==========================  =====================
 ring                   (p-1)(segs+1)          2 (p-1)/p n                 (p-1)/p n
-tree (reduce + bcast)  2 ceil(log2 p)         2 ceil(log2 p) n            ceil(log2 p) n
-recursive_doubling     lg + 2 fold            (lg + 2 fold) n             (lg + fold) n
-rabenseifner           2 lg + 2 fold          2 (pof2-1)/pof2 n + 2 fold n  (pof2-1)/pof2 n + fold n
+tree (reduce + bcast)  ceil(log2 p) (root)    ceil(log2 p) n              ceil(log2 p) n
+recursive_doubling     lg + fold              (lg + fold) n               (lg + fold) n
+rabenseifner           2 lg + fold            2 (pof2-1)/pof2 n + fold n  (pof2-1)/pof2 n + fold n
 mpi (MPICH)            recursive doubling for n <= 2048 B or count < pof2, else Rabenseifner
 =====================  =====================  ==========================  =====================
 
-``segs`` is the number of pipeline segments per ring block
-(``ceil(ceil(n/p) / segment_bytes)``): each costs an extra message in the
-reduce-scatter half. The ring and Rabenseifner fall back to recursive
-doubling with fewer elements than ranks, as the implementations do.
+(uneven blocks: ``terms()`` sums the real block lengths, e.g. the ring's
+W is max over r of 2 n - b_r - b_(r+1)). ``segs`` is the number of pipeline
+segments per ring block (``ceil(max b / segment)``): each costs an extra
+message in the reduce-scatter half. The ring and Rabenseifner fall back to
+recursive doubling with fewer elements than ranks, as the implementations do.
 
 Three parameter sets are fitted, since the costs per message differ by an
 order of magnitude: ``p2p`` for mpicoll's algorithms (point-to-point calls
@@ -94,35 +98,77 @@ def _log2_ceil(p: int) -> int:
     return (p - 1).bit_length()
 
 
+def _blocks(count: int, p: int) -> list:
+    """Block lengths by np.array_split's rule (algorithms/common.block_bounds)."""
+    q, r = divmod(count, p)
+    return [q + (1 if i < r else 0) for i in range(p)]
+
+
 def terms(algorithm: str, p: int, nbytes: int, itemsize: int = 4, *,
           segment_bytes: Optional[int] = None) -> Terms:
-    """M, W, R of ``algorithm`` on ``p`` ranks for an ``nbytes`` message."""
+    """M, W, R of ``algorithm`` on ``p`` ranks for an ``nbytes`` message:
+    the largest, over the ranks, of the messages a rank sends, the bytes it
+    sends and the bytes it combines (exactly what the simulated driver,
+    ``mpicoll.schedule.simulate``, counts for the algorithm's schedule;
+    tests/test_model_counts.py holds them equal)."""
     if p < 1 or nbytes < 0:
         raise ValueError(f"model: need p >= 1 and nbytes >= 0, got p={p}, nbytes={nbytes}")
     if p == 1:
         return Terms(0, 0, 0)
-    n = float(nbytes)
     count = nbytes // itemsize
+    n = count * itemsize
     pof2 = _pof2(p)
     lg = pof2.bit_length() - 1
     fold = 1 if p != pof2 else 0
     if algorithm == "ring":
         if count < p:
             return terms("recursive_doubling", p, nbytes, itemsize)
-        seg = segment_bytes or RING_SEGMENT_BYTES
-        block = -(-count // p) * itemsize
-        segs = max(1, -(-block // seg))
-        return Terms((p - 1) * (segs + 1), 2 * (p - 1) / p * n, (p - 1) / p * n)
+        seg = max(1, (segment_bytes or RING_SEGMENT_BYTES) // itemsize)
+        b = _blocks(count, p)
+        segs = max(1, -(-max(b) // seg))
+        # reduce-scatter: every block but one's own, in segs messages each
+        # step; allgather: every block but the right neighbour's.
+        wire = max(2 * count - b[r] - b[(r + 1) % p] for r in range(p)) * itemsize
+        return Terms((p - 1) * (segs + 1), wire, (count - min(b)) * itemsize)
     if algorithm == "tree":
-        k = _log2_ceil(p)
-        return Terms(2 * k, 2 * k * n, k * n)
+        # Binomial reduce to rank 0, then binomial bcast from it: a rank
+        # sends once in the reduce (root: never) and once per child in the
+        # bcast, and combines once per child in the reduce.
+        most = combined = 0
+        for v in range(p):
+            children = sum(1 for k in range(_log2_ceil(p)) if v % (2 << k) == 0 and v + (1 << k) < p)
+            most = max(most, children + (v != 0))
+            combined = max(combined, children)
+        return Terms(most, most * n, combined * n)
     if algorithm == "recursive_doubling":
-        return Terms(lg + 2 * fold, (lg + 2 * fold) * n, (lg + fold) * n)
+        # Survivors of the fold send lg times, plus the fold-out once.
+        return Terms(lg + fold, (lg + fold) * n, (lg + fold) * n)
     if algorithm == "rabenseifner":
         if count < pof2:
             return terms("recursive_doubling", p, nbytes, itemsize)
-        share = (pof2 - 1) / pof2 * n
-        return Terms(2 * lg + 2 * fold, 2 * share + 2 * fold * n, share + fold * n)
+        b = _blocks(count, pof2)
+        start = [0]
+        for x in b:
+            start.append(start[-1] + x)
+        rem = p - pof2
+        wire, combined, most = (n, 0, 1) if rem else (0, 0, 0)  # a folded-out rank sends its vector once
+        for me in range(pof2):
+            lo, hi, w, c = 0, pof2, 0, 0
+            mask = pof2 >> 1
+            while mask:  # halving: send the half given away, combine the half kept
+                mid = (lo + hi) // 2
+                keep, give = ((lo, mid), (mid, hi)) if me & mask == 0 else ((mid, hi), (lo, mid))
+                c += start[keep[1]] - start[keep[0]]
+                w += start[give[1]] - start[give[0]]
+                lo, hi = keep
+                mask >>= 1
+            # doubling replays the rounds, sending each round's kept range
+            w += c
+            extra = n if me < rem else 0  # fold region: combine the fold-in, send the fold-out
+            wire = max(wire, w * itemsize + extra)
+            combined = max(combined, c * itemsize + extra)
+            most = max(most, 2 * lg + (1 if me < rem else 0))
+        return Terms(most, wire, combined)
     if algorithm in NATIVE:
         return terms(mpich_choice(p, nbytes, itemsize), p, nbytes, itemsize)
     raise ValueError(f"model: no cost formula for algorithm {algorithm!r}; known: {', '.join(P2P + NATIVE)}")

@@ -4,7 +4,11 @@
 ``MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)`` once and caches the result in
 ``st.extra["node"]`` (freed with the communicator, like every other piece
 of per-communicator state). It is a collective call on first use; every
-later call is a dictionary look-up.
+later call is a dictionary look-up. It runs only when a shared-memory or
+hierarchical algorithm is about to run (at call time, in the plan layer's
+``prepare`` step); "auto" decides from the cheaper layout the
+communicator's state found when it was created (``CommState.nodes``,
+``ranks_per_node``: processor names).
 
 What it records:
 
@@ -29,14 +33,13 @@ import os
 
 from mpi4py import MPI
 
+from .comm import ENV_FAKE_NODE_SIZE  # noqa: F401  (documented there)
 from .comm import state as _state
 
-# Emulation for tests on one machine: "nodes" of this many consecutive ranks
-# (MPI_Comm_split instead of MPI_Comm_split_type; the shared-memory window
-# still works because all ranks really share the machine's memory). Read
-# when a communicator's layout is first needed. Real multi-host runs use
-# scripts/testbed.sh instead.
-ENV_FAKE_NODE_SIZE = "MPICOLL_FAKE_NODE_SIZE"
+# ENV_FAKE_NODE_SIZE: emulation for tests on one machine, "nodes" of this
+# many consecutive ranks (MPI_Comm_split instead of MPI_Comm_split_type; the
+# shared-memory window still works because all ranks really share the
+# machine's memory). Real multi-host runs use scripts/testbed.sh instead.
 
 
 class NodeInfo:

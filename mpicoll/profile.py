@@ -96,6 +96,15 @@ def _rule_from_json(d: dict) -> Rule:
         raise ValueError(f"rule source must be one of {SOURCES}, got {r.source!r}")
     if r.p_max is not None and r.p_max < r.p_min or r.bytes_max is not None and r.bytes_max <= r.bytes_min:
         raise ValueError(f"empty range in rule {d!r}")
+    if r.segment_bytes is not None:
+        # Knobs are declared per algorithm in the registry: a knob the
+        # algorithm does not have is one clear error when the profile is
+        # loaded, not a TypeError on every call the rule covers. (An
+        # algorithm this installation lacks is passed over at lookup.)
+        from . import algorithms as _alg
+
+        if _alg.has("allreduce", r.algorithm):
+            _alg.get("allreduce", r.algorithm).check_knobs({"segment_bytes": r.segment_bytes}, "rule: ")
     return r
 
 

@@ -138,7 +138,7 @@ def simple(collective: str, p: int, nbytes: int, *, native_dtype: bool = True) -
     return Choice("tree", "no native MPI reduction for this dtype: binomial tree")
 
 
-# ---- shared memory (issue 4): shm on one node, hierarchical across nodes ----
+# ---- shared memory: shm on one node, hierarchical across nodes ----
 # Measured with `make bench-shm` / `make bench-testbed` (2-core machine,
 # MPICH wheel, float32 sum; docs/shm.md): shm beat MPI_Allreduce from 256 KiB
 # at p=2 and 4 on one node (64 KiB: 0.9x at p=2), the two-level algorithm

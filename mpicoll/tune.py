@@ -41,6 +41,7 @@ from . import model as _model
 from . import ops as _ops
 from . import profile as _profile
 from .bench import allreduce as _bench
+from .bench import timing as _timing
 from .comm import state
 from .kernels import Reduction
 
@@ -121,10 +122,10 @@ def _time_ring_segments(comm, sizes, dt, red, segments, repeat, scale) -> list:
                 continue
             src = _bench.inputs(dt, red.op.name, count, comm.Get_rank(), timing=True)
             buf = np.empty_like(src)
-            warmup, iters = _bench.iterations(count * dt.itemsize, scale)
+            warmup, iters = _timing.iterations(count * dt.itemsize, scale)
             best = math.inf
             for _ in range(repeat):
-                ts = _bench.measure(comm, lambda: ring(st, buf, red, src=src, segment_bytes=seg), iters, warmup)
+                ts = _timing.measure(comm, lambda: ring(st, buf, red, src=src, segment_bytes=seg), iters, warmup)
                 best = min(best, float(ts.min()))
             rows.append({"bytes": count * dt.itemsize, "algorithm": "ring", "segment_bytes": seg, "time_s": best})
     return rows
@@ -143,8 +144,8 @@ def tune(comm=None, sizes: Optional[List[int]] = None, op: str = "sum", dtype: s
     dt = _dtypes.BY_NAME[dtype]
     red = Reduction(_ops.resolve(op), dt)
     native_dtype = dt.mpi is not None
-    sizes = _bench.parse_sizes(DEFAULT_SIZES) if sizes is None else sorted(sizes)
-    segments = _bench.parse_sizes(DEFAULT_SEGMENTS) if segments is None else segments
+    sizes = _timing.parse_sizes(DEFAULT_SIZES) if sizes is None else sorted(sizes)
+    segments = _timing.parse_sizes(DEFAULT_SEGMENTS) if segments is None else segments
     algs = [a for a in _alg.names("allreduce") if a != "auto"]
     res = _bench.run(comm, sizes, algs, op, dtype, modes=("out",), scale=scale, repeat=repeat,
                      progress=progress, validate=False, stat="min", stream_bytes=stream_bytes)
@@ -186,7 +187,7 @@ def tune(comm=None, sizes: Optional[List[int]] = None, op: str = "sum", dtype: s
     model_rules = []
     if model is not None and "p2p" in model.params and "mpi" in model.params:
         candidates = [a for a in _model.P2P + ("mpi",) if _alg.has("allreduce", a)]
-        grid = _bench.default_sizes()
+        grid = _timing.default_sizes()
         for p_lo, p_hi, p_rep in p_ranges():
             winners = [(_model.best(model, p_rep, nb, candidates)[1], None) for nb in grid]
             for lo, hi, (alg, seg) in ranges_from_winners(grid, winners):
@@ -227,7 +228,7 @@ def main(argv=None) -> int:
     base = comm.bcast(base, root=0)
     if err and comm.Get_rank() == 0:
         print(f"tune: not merging with the existing {out}: {err}")
-    prof = tune(comm, _bench.parse_sizes(args.sizes), args.op, args.dtype, _bench.parse_sizes(args.segments),
+    prof = tune(comm, _timing.parse_sizes(args.sizes), args.op, args.dtype, _timing.parse_sizes(args.segments),
                 args.repeat, args.scale, args.margin, base)
     if comm.Get_rank() == 0:
         _profile.save(prof, out)

@@ -81,3 +81,17 @@ def reference(inputs, op, size):
         for x in inputs[1:]:
             acc = fn(acc, x)
         return acc
+
+
+def assert_identical_everywhere(comm, *arrays, what=""):
+    """Every rank of ``comm`` holds the same bits in ``arrays`` (collective:
+    call it on every rank, in the same order). Compares sha256 digests, and
+    names the ranks that differ from rank 0."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for a in arrays:
+        h.update(np.ascontiguousarray(a).tobytes())
+    digests = comm.allgather(h.hexdigest())
+    odd = [r for r, d in enumerate(digests) if d != digests[0]]
+    assert not odd, f"ranks {odd} hold different bits from rank 0{': ' + what if what else ''}"

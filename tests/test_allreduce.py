@@ -8,7 +8,7 @@ import pytest
 from mpi4py import MPI
 
 import mpicoll
-from conftest import ALL_DTYPES, exact_values, np_dtype, ops_for, reference
+from conftest import ALL_DTYPES, assert_identical_everywhere, exact_values, np_dtype, ops_for, reference
 from mpicoll import dtypes as _dtypes
 
 pytestmark = pytest.mark.mpi
@@ -23,11 +23,6 @@ def counts_for(p):
 
 def make_input(name, op, n, rank, seed=0):
     return exact_values(name, op, n, seed * 1000 + rank)
-
-
-def assert_identical_everywhere(comm, arr):
-    digests = comm.allgather(arr.tobytes())
-    assert all(d == digests[0] for d in digests), "ranks hold different bits"
 
 
 def communicators():

@@ -8,6 +8,7 @@ import pytest
 from mpi4py import MPI
 
 import mpicoll
+from conftest import assert_identical_everywhere
 
 pytestmark = pytest.mark.mpi
 
@@ -23,12 +24,6 @@ def grads_for(rank, step, dtypes):
         else:
             out.append(rng.standard_normal(shape).astype(dt))
     return out
-
-
-def assert_identical_everywhere(comm, arrays):
-    blob = b"".join(a.tobytes() for a in arrays)
-    digests = comm.allgather(blob)
-    assert all(d == digests[0] for d in digests), "ranks hold different bits"
 
 
 @pytest.mark.parametrize("op", ["sum", "avg"])
@@ -70,7 +65,7 @@ def test_bucketed_allreduce_any_marking_order(op, registered):
             else:
                 tol = 4 * p * np.finfo(dtypes[i]).eps
                 np.testing.assert_allclose(got, want, rtol=tol, atol=tol * 10)
-        assert_identical_everywhere(comm, out)
+        assert_identical_everywhere(comm, *out)
 
 
 @pytest.mark.parametrize("compression", ["fp16", "bf16", "topk:0.1"])
@@ -87,7 +82,7 @@ def test_compressed_buckets(compression):
             b.views[i][...] = grads_for(rank, step, dtypes)[i]
             b.mark_ready(i)
         out = b.wait()
-        assert_identical_everywhere(comm, out)
+        assert_identical_everywhere(comm, *out)
         everyone = [grads_for(r, step, dtypes) for r in range(p)]
         for i, got in enumerate(out):
             stack = np.array([e[i].astype(np.float64) for e in everyone])

@@ -7,9 +7,10 @@ import pytest
 from mpi4py import MPI
 
 import mpicoll
+from conftest import assert_identical_everywhere
 from mpicoll import compression as C
 from mpicoll.algorithms.common import block_bounds
-from mpicoll.api import _reduction
+from mpicoll.plan import reduction as _reduction
 from mpicoll.algorithms import get as get_algorithm
 from mpicoll.bench.wire import counting
 from mpicoll.comm import state
@@ -26,11 +27,6 @@ def counts_for(p):
 
 def inputs(n, p, dtype, seed=0):
     return [np.random.default_rng(seed * 1000 + r).standard_normal(n).astype(dtype) for r in range(p)]
-
-
-def assert_identical_everywhere(comm, arr):
-    digests = comm.allgather(arr.tobytes())
-    assert all(d == digests[0] for d in digests), "ranks hold different bits"
 
 
 @pytest.mark.parametrize("fmt", ["fp16", "bf16"])

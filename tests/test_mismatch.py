@@ -9,7 +9,7 @@ import pytest
 from mpi4py import MPI
 
 import mpicoll
-from mpicoll.algorithms import common
+from mpicoll import schedule
 from mpicoll.comm import state
 
 pytestmark = pytest.mark.mpi
@@ -115,19 +115,28 @@ def test_receive_size_check(extra):
     """The always-on check: a short message and a long (truncated) one both
     raise MismatchError on the receiving rank; the sender is unaffected."""
     st = state(comm)
+
+    def run(tag, *make):  # one batch of the schedule driver's operations
+        ctx = schedule.Context(st, tag, {})
+
+        def gen():
+            yield [m(ctx) for m in make]
+
+        schedule.run(gen())
+
     if comm.rank == 1:
         buf = np.zeros(8, np.uint8)
         with pytest.raises(mpicoll.MismatchError, match="expected 8 bytes from rank 0"):
-            common.recv(st.comm, buf, 0, 99)
+            run(30001, lambda c: c.recv(buf, 0))
     elif comm.rank == 0:
-        common.send(st.comm, np.zeros(8 + extra, np.uint8), 1, 99)
+        run(30001, lambda c: c.send(np.zeros(8 + extra, np.uint8), 1))
     if comm.rank in (0, 1):
         other = 1 - comm.rank
         recvbuf = np.zeros(8, np.uint8)
         sendbuf = np.zeros(8 + (extra if comm.rank == 0 else 0), np.uint8)
         if comm.rank == 1:
             with pytest.raises(mpicoll.MismatchError, match="disagree"):
-                common.sendrecv(st.comm, sendbuf, other, recvbuf, other, 98)
+                run(30002, lambda c: c.recv(recvbuf, other), lambda c: c.send(sendbuf, other))
         else:
-            common.sendrecv(st.comm, sendbuf, other, recvbuf, other, 98)
+            run(30002, lambda c: c.recv(recvbuf, other), lambda c: c.send(sendbuf, other))
     comm.Barrier()

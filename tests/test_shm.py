@@ -13,7 +13,7 @@ import pytest
 from mpi4py import MPI
 
 import mpicoll
-from conftest import exact_values, np_dtype, reference
+from conftest import assert_identical_everywhere, exact_values, np_dtype, reference
 from mpicoll import dtypes, ops
 from mpicoll.algorithms import get, shm
 from mpicoll.comm import state
@@ -23,11 +23,6 @@ from mpicoll.node import ENV_FAKE_NODE_SIZE, node_info
 pytestmark = pytest.mark.mpi
 
 ALGORITHMS = mpicoll.algorithms("allreduce")
-
-
-def identical_everywhere(comm, arr):
-    digests = comm.allgather(arr.tobytes())
-    return all(d == digests[0] for d in digests)
 
 
 @pytest.fixture(params=[1, 2, 3], ids=lambda k: f"node{k}")
@@ -61,7 +56,7 @@ def test_multinode_layouts(fake_comm, algorithm):
                 got = mpicoll.allreduce(x, op=op, comm=comm, algorithm=algorithm, out=x if in_place else None)
                 np.testing.assert_array_equal(got.astype(np.float64), want.astype(np.float64),
                                               err_msg=f"{algorithm} {op} {name} n={n}")
-                assert identical_everywhere(comm, got)
+                assert_identical_everywhere(comm, got)
     # several chunks per call, through the whole pipeline (small chunks)
     st = state(comm)
     x = exact_values("float32", "sum", 30001, 9 + rank)
@@ -143,9 +138,45 @@ def test_both_sync_modes(sync):
     inputs = [exact_values("int32", "sum", 20001, 60 + r) for r in range(p)]
     for chunk in (4096, 1 << 20):
         buf = np.empty_like(inputs[rank])
-        shm.allreduce(st, buf, red, src=inputs[rank], chunk_bytes=chunk, sync=sync)
+        get("allreduce", "shm")(st, buf, red, inputs[rank], chunk_bytes=chunk, sync=sync)
         np.testing.assert_array_equal(buf, reference(inputs, "sum", p))
     w = st.extra["shm" if sync == shm.SYNC else f"shm-{sync}"]
     assert w.sync_mode == sync
     # the header, two slots, never more than the bound
     assert w.header + 2 * w.slot_bytes <= shm.MAX_WINDOW_BYTES
+
+
+@pytest.mark.parametrize("algorithm", ["shm", "hierarchical"])
+def test_multinode_nonblocking_outstanding(fake_comm, algorithm):
+    """Several nonblocking shm/hierarchical all-reduces outstanding on one
+    communicator take turns on its window in start order (the same on every
+    rank), completed in a rank-dependent order; a blocking call after them
+    waits its turn too; reproducible=True runs nonblocking as well."""
+    comm = fake_comm
+    p, rank = comm.size, comm.rank
+    inputs = {n: [exact_values("float32", "sum", n, 70 + n + r) for r in range(p)] for n in (1000, 70001, 5)}
+    reqs = [(n, mpicoll.iallreduce(inputs[n][rank].copy(), comm=comm, algorithm=algorithm)) for n in inputs]
+    reqs.append((1000, mpicoll.iallreduce(inputs[1000][rank].copy(), comm=comm, reproducible=True)))
+    blocking = mpicoll.allreduce(inputs[5][rank], comm=comm, algorithm=algorithm)
+    np.testing.assert_array_equal(blocking, reference(inputs[5], "sum", p))
+    for i in np.random.default_rng(rank).permutation(len(reqs)):
+        n, req = reqs[i]
+        np.testing.assert_array_equal(req.wait(), reference(inputs[n], "sum", p), err_msg=f"{algorithm} n={n}")
+    for n, req in reqs:  # in the same order everywhere: assert_identical_everywhere is collective
+        assert_identical_everywhere(comm, req.wait())
+
+
+def test_small_auto_calls_make_no_node_communicators():
+    """The node layout for "auto" comes from the state's one allgather; the
+    node and cross communicators are made only when shm/hierarchical runs."""
+    comm = MPI.COMM_WORLD.Dup()
+    try:
+        for _ in range(3):
+            mpicoll.allreduce(np.ones(2, np.float32), comm=comm)
+            mpicoll.iallreduce(np.ones(2, np.float32), comm=comm).wait()
+        st = state(comm)
+        assert "node" not in st.extra and "nonblocking" not in st.extra
+        mpicoll.allreduce(np.ones(1000, np.float32), comm=comm, algorithm="shm")
+        assert ("node" in st.extra) == (comm.size > 1)  # one rank runs no algorithm at all
+    finally:
+        comm.Free()

@@ -136,14 +136,16 @@ def test_model_terms_hand_computed():
     assert model.terms("ring", 4, n) == (6, 1.5 * n, 0.75 * n)
     # ring with 64 KiB segments: 4 segments per 256 KiB block, (p-1)(segs+1) = 15.
     assert model.terms("ring", 4, n, segment_bytes=64 << 10).messages == 15
-    # recursive doubling, p=4: 2 rounds of the whole vector; p=6: fold adds 2 messages, 2n, n.
+    # The busiest rank's counts (what it sends and combines).
+    # recursive doubling, p=4: 2 rounds of the whole vector; p=6: a fold
+    # survivor also combines the fold-in and sends the fold-out.
     assert model.terms("recursive_doubling", 4, n) == (2, 2 * n, 2 * n)
-    assert model.terms("recursive_doubling", 6, n) == (4, 4 * n, 3 * n)
-    # Rabenseifner, p=8: 2*3 messages, 2*(7/8) n, 7/8 n; p=5 (pof2=4): +2, +2n, +n.
+    assert model.terms("recursive_doubling", 6, n) == (3, 3 * n, 3 * n)
+    # Rabenseifner, p=8: 2*3 messages, 2*(7/8) n, 7/8 n; p=5 (pof2=4): +1, +n, +n.
     assert model.terms("rabenseifner", 8, n) == (6, 1.75 * n, 0.875 * n)
-    assert model.terms("rabenseifner", 5, n) == (6, 1.5 * n + 2 * n, 0.75 * n + n)
-    # tree, p=5: ceil(log2 5) = 3 levels down and up.
-    assert model.terms("tree", 5, n) == (6, 6 * n, 3 * n)
+    assert model.terms("rabenseifner", 5, n) == (5, 1.5 * n + n, 0.75 * n + n)
+    # tree, p=5: the root combines its 3 children's vectors and sends to 3 in the bcast.
+    assert model.terms("tree", 5, n) == (3, 3 * n, 3 * n)
     # Fewer elements than ranks: ring and Rabenseifner run recursive doubling.
     assert model.terms("ring", 8, 16) == model.terms("recursive_doubling", 8, 16)
     assert model.terms("rabenseifner", 8, 16) == model.terms("recursive_doubling", 8, 16)

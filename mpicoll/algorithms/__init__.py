@@ -1,57 +1,113 @@
 """The algorithm registry.
 
 Each module in this package implements one algorithm, for one or more
-collectives, as functions with the collective's shared signature:
+collectives, as *schedules* (generator functions, see ``mpicoll.schedule``)
+with the collective's shared signature:
 
 ====================  ==============================================  =========================
-collective            signature                                       on return
+collective            schedule signature                              on completion
 ====================  ==============================================  =========================
-``allreduce``         ``fn(st, buf, red, *, src=None)``               every rank's ``buf`` holds
+``allreduce``         ``fn(ctx, buf, red, src=None, **knobs)``        every rank's ``buf`` holds
                                                                       the reduction
-``reduce_scatter``    ``fn(st, buf, red, bounds)``                    ``buf[bounds[rank]]`` holds
+``reduce_scatter``    ``fn(ctx, buf, red, bounds, **knobs)``          ``buf[bounds[rank]]`` holds
                                                                       this rank's reduced block
-``allgather``         ``fn(st, buf, bounds)``                         every block everywhere
-``bcast``             ``fn(st, buf, root)``                           root's ``buf`` everywhere
-``reduce``            ``fn(st, buf, red, root)``                      root's ``buf`` holds the
+``allgather``         ``fn(ctx, buf, bounds, **knobs)``               every block everywhere
+``bcast``             ``fn(ctx, buf, root, **knobs)``                 root's ``buf`` everywhere
+``reduce``            ``fn(ctx, buf, red, root, **knobs)``            root's ``buf`` holds the
                                                                       reduction
 ====================  ==============================================  =========================
 
-``st`` is the communicator's cached ``CommState`` (private duplicate,
-rank, size, scratch buffers); ``buf`` is a contiguous 1-D *storage* array
-(float16/bfloat16 as uint16) that the algorithm may overwrite; ``red`` is a
+``ctx`` is the call's ``schedule.Context`` (rank, size, operations,
+scratch); ``buf`` is a contiguous 1-D *storage* array (float16/bfloat16 as
+uint16) that the algorithm may overwrite; ``red`` is a
 ``kernels.Reduction``; ``src``, when given, is the input and ``buf`` only
 the output (out-of-place calls: the algorithm may fold the copy into its
-first step instead of paying for a separate one); ``bounds`` is ``[(start, stop)]`` per rank, in
-elements. Extra knobs are keyword-only with defaults
-(``ring.allreduce(st, buf, red, *, segment_bytes=...)``).
+first step); ``bounds`` is ``[(start, stop)]`` per rank, in elements.
 
-Algorithms register themselves with ``@register(collective, name)``; the
-public API looks them up by name, and ``select.py`` chooses one for "auto".
+Algorithms register with ``@register(collective, name, knobs=...)``;
+``knobs`` names the keyword arguments a tuning profile may set (checked
+when a profile is loaded), ``prepare(st, nbytes)`` is an optional hook the
+plan layer calls at call time, ``prepare(st, buf, **knobs)``, before the
+schedule runs (collective set-up such as a shared-memory window: every
+rank makes calls in the same order, so call time is a safe moment for
+collective set-up, while a nonblocking schedule's later steps are not), and ``native`` marks the MPI library's own
+collective (the plan layer may then call it directly, or use MPI's
+persistent form).
+
+The registry's entries are also callable with a blocking signature,
+``get("allreduce", "ring")(st, buf, red, src=None, **knobs)``, which runs
+the schedule with the blocking driver (for benchmarks and tests).
 """
 from __future__ import annotations
 
-from typing import Callable, Dict
+import sys as _sys
+from typing import Callable, Dict, Optional, Tuple
 
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "bcast", "reduce")
 
-_REGISTRY: Dict[str, Dict[str, Callable]] = {c: {} for c in COLLECTIVES}
+
+class Algorithm:
+    """One registered algorithm of one collective."""
+
+    __slots__ = ("collective", "name", "schedule", "knobs", "prepare", "native", "doc")
+
+    def __init__(self, collective: str, name: str, schedule: Callable, knobs: Tuple[str, ...] = (),
+                 prepare: Optional[Callable] = None, native: Optional[Callable] = None):
+        self.collective = collective
+        self.name = name
+        self.schedule = schedule
+        self.knobs = tuple(knobs)
+        self.prepare = prepare
+        self.native = native
+        self.doc = schedule.__doc__
+
+    def check_knobs(self, knobs: dict, where: str = "") -> None:
+        bad = sorted(set(knobs) - set(self.knobs))
+        if bad:
+            have = ", ".join(self.knobs) or "none"
+            raise ValueError(f"mpicoll: {where}{self.collective} algorithm {self.name!r} has no knob "
+                             f"{', '.join(map(repr, bad))} (its knobs: {have})")
+
+    def __call__(self, st, *args, **knobs):
+        """Blocking run on CommState ``st`` (benchmarks, tests)."""
+        from .. import schedule
+
+        if "src" in knobs:  # allreduce(st, buf, red, src=x): the input of an out-of-place call
+            args = args + (knobs.pop("src"),)
+        if self.prepare is not None:
+            self.prepare(st, args[0], **knobs)
+        seq, tag = st.next_seq()
+        ctx = schedule.Context(st, tag, st.pool, (self.collective, self.name, _nbytes_of(args), seq))
+        schedule.run(self.schedule(ctx, *args, **knobs))
+
+    def __repr__(self):
+        return f"<mpicoll algorithm {self.collective}/{self.name}>"
 
 
-def register(collective: str, name: str):
+def _nbytes_of(args) -> int:
+    return int(getattr(args[0], "nbytes", 0)) if args else 0
+
+
+_REGISTRY: Dict[str, Dict[str, Algorithm]] = {c: {} for c in COLLECTIVES}
+
+
+def register(collective: str, name: str, *, knobs=(), prepare=None, native=None):
     def deco(fn):
         table = _REGISTRY[collective]
         if name in table or name == "auto":
             raise ValueError(f"algorithm {name!r} registered twice for {collective}")
-        table[name] = fn
+        table[name] = Algorithm(collective, name, fn, knobs, prepare, native)
         return fn
 
     return deco
 
 
-def get(collective: str, name: str) -> Callable:
+def get(collective: str, name: str) -> Algorithm:
     try:
         return _REGISTRY[collective][name]
     except KeyError:
+        if collective not in _REGISTRY:
+            raise ValueError(f"mpicoll: unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}") from None
         raise ValueError(f"mpicoll: unknown {collective} algorithm {name!r}; "
                          f"known: {', '.join(names(collective))}") from None
 
@@ -70,3 +126,15 @@ def has(collective: str, name: str) -> bool:
 # Importing the modules registers their algorithms.
 from . import mpi, rabenseifner, recursive_doubling, ring, tree  # noqa: E402,F401
 from . import hierarchical, shm  # noqa: E402,F401  (shared-memory and two-level all-reduce)
+
+
+# ``mpicoll.algorithms("allreduce")`` lists names, and ``mpicoll.algorithms``
+# is also this package (``import mpicoll.algorithms.ring`` works): the
+# package module is made callable rather than shadowed by a function.
+class _CallableModule(type(_sys.modules[__name__])):
+    def __call__(self, collective: str = "allreduce") -> list:
+        """Names accepted by ``algorithm=`` for a collective ('auto' first)."""
+        return names(collective)
+
+
+_sys.modules[__name__].__class__ = _CallableModule

@@ -1,29 +1,14 @@
-"""Building blocks shared by the algorithms: block partitions, the
-non-power-of-two fold, and typed point-to-point helpers.
+"""Building blocks shared by the algorithms: block partitions and the
+non-power-of-two fold.
 
-Messages are sent as raw bytes (``MPI.BYTE``): algorithms move storage
-arrays whose real element type only the kernels need to know (float16 and
-bfloat16 have no MPI datatype).
+Messages are raw bytes: algorithms move storage arrays whose real element
+type only the kernels need to know (float16 and bfloat16 have no MPI
+datatype). Sending, receiving, tags and size checks are the drivers'
+(``mpicoll.schedule``), the same for every algorithm.
 """
 from __future__ import annotations
 
-import numpy as np
-from mpi4py import MPI
-
-from ..check import is_truncation, size_mismatch
-
-BYTE = MPI.BYTE
-
-# One tag per collective, on mpicoll's private duplicate communicator.
-# Blocking collectives run one at a time per communicator, and MPI never
-# reorders messages between one pair of ranks with one tag, so a fixed tag
-# per collective is enough to keep consecutive calls apart.
-TAG_ALLREDUCE = 11
-TAG_REDUCE_SCATTER = 12
-TAG_ALLGATHER = 13
-TAG_BCAST = 14
-TAG_REDUCE = 15
-TAG_FOLD = 16
+import functools
 
 
 def block_bounds(n: int, p: int) -> list:
@@ -55,42 +40,6 @@ def counts_to_bounds(counts) -> list:
     return bounds
 
 
-def send(comm, buf: np.ndarray, dest: int, tag: int) -> None:
-    comm.Send([buf, BYTE], dest, tag)
-
-
-def _exact(comm, call, expected: int, source: int) -> None:
-    """Run ``call(status)`` (a blocking receive of ``expected`` bytes) and
-    raise MismatchError unless exactly that many arrived: MPI reports a
-    longer message as MPI_ERR_TRUNCATE and a shorter one not at all."""
-    status = MPI.Status()
-    try:
-        call(status)
-    except MPI.Exception as exc:
-        if is_truncation(exc):
-            raise size_mismatch(comm, expected, -1, source) from exc
-        raise
-    got = status.Get_count(BYTE)
-    if got != expected:
-        raise size_mismatch(comm, expected, got, source)
-
-
-def recv(comm, buf: np.ndarray, source: int, tag: int) -> None:
-    """Receive exactly ``buf.nbytes`` bytes from ``source``."""
-    _exact(comm, lambda status: comm.Recv([buf, BYTE], source, tag, status), buf.nbytes, source)
-
-
-def sendrecv(comm, sendbuf: np.ndarray, dest: int, recvbuf: np.ndarray, source: int, tag: int) -> None:
-    """Send ``sendbuf`` to ``dest`` while receiving exactly ``recvbuf.nbytes`` bytes from ``source``."""
-    _exact(comm, lambda status: comm.Sendrecv([sendbuf, BYTE], dest, tag, [recvbuf, BYTE], source, tag, status),
-           recvbuf.nbytes, source)
-
-
-def scratch_like(st, name: str, n: int, dtype: np.dtype) -> np.ndarray:
-    """A reusable temporary of ``n`` elements of ``dtype`` (see CommState.scratch)."""
-    return st.scratch(name, n * dtype.itemsize).view(dtype)
-
-
 class Fold:
     """Reduce a communicator of any size to a power of two and back.
 
@@ -104,7 +53,14 @@ class Fold:
 
     Cost: one extra send of the whole vector before and after (2 n beta
     plus n gamma) on ``2*rem`` ranks; nothing when p is a power of two.
+    ``fold_in``/``fold_out`` are schedule fragments: ``yield from`` them.
     """
+
+    @staticmethod
+    @functools.lru_cache(maxsize=256)
+    def of(rank: int, size: int) -> "Fold":
+        """The (immutable) fold of ``rank`` in a communicator of ``size``, cached."""
+        return Fold(rank, size)
 
     def __init__(self, rank: int, size: int):
         self.pof2 = 1 << (size.bit_length() - 1)
@@ -119,20 +75,22 @@ class Fold:
         """The communicator rank of a survivor's new rank."""
         return newrank * 2 + 1 if newrank < self.rem else newrank + self.rem
 
-    def fold_in(self, st, buf: np.ndarray, red) -> None:
+    def fold_in(self, ctx, buf, red):
         if self.rank >= 2 * self.rem:
             return
+        ctx.phase = "fold-in"
         if self.newrank < 0:
-            send(st.comm, buf, self.rank + 1, TAG_FOLD)
+            yield [ctx.send(buf, self.rank + 1)]
         else:
-            tmp = scratch_like(st, "fold", buf.size, buf.dtype)
-            recv(st.comm, tmp, self.rank - 1, TAG_FOLD)
+            tmp = ctx.scratch("fold", buf.size, buf.dtype)
+            yield [ctx.recv(tmp, self.rank - 1)]
             red.combine(buf, tmp, buf)
 
-    def fold_out(self, st, buf: np.ndarray) -> None:
+    def fold_out(self, ctx, buf):
         if self.rank >= 2 * self.rem:
             return
+        ctx.phase = "fold-out"
         if self.newrank < 0:
-            recv(st.comm, buf, self.rank + 1, TAG_FOLD)
+            yield [ctx.recv(buf, self.rank + 1)]
         else:
-            send(st.comm, buf, self.rank - 1, TAG_FOLD)
+            yield [ctx.send(buf, self.rank - 1)]

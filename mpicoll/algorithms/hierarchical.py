@@ -1,6 +1,6 @@
 """Two-level all-reduce: shared memory inside each node, the network between nodes.
 
-Function:     allreduce(st, buf, red, *, src=None, chunk_bytes=shm.CHUNK_BYTES)
+Function:     allreduce(ctx, buf, red, src=None, *, chunk_bytes=shm.CHUNK_BYTES, sync=None)
 Description:  Runs the ``shm`` pipeline (see shm.py) chunk by chunk; between
               its intra-node reduce-scatter and its intra-node allgather,
               the node-partial results are all-reduced across nodes:
@@ -45,46 +45,57 @@ from __future__ import annotations
 
 from . import get as _get
 from . import register, shm
-from .common import scratch_like
 from .. import select
 from ..node import node_info
 
 
-def _cross_allreduce(info, view, red) -> None:
+def _cross_choice(cst, view, red):
+    # One rank per node on the cross communicator: the select rule never
+    # picks shm/hierarchical there, so this cannot recurse.
+    return select.allreduce(cst.size, view.nbytes, red.op.name, red.dtype.name,
+                            native_dtype=red.dtype.mpi is not None).name
+
+
+def _cross_allreduce(ctx, info, view, red):
     """All-reduce ``view`` in place among the ranks of this rank's cross communicator."""
     cst = info.cross_state()
     if cst.size == 1 or view.size == 0:
         return
-    # One rank per node on the cross communicator: the select rule never
-    # picks shm/hierarchical there, so this cannot recurse.
-    name = select.allreduce(cst.size, view.nbytes, red.op.name, red.dtype.name,
-                            native_dtype=red.dtype.mpi is not None).name
-    _get("allreduce", name)(cst, view, red)
+    sub = ctx.sub(cst)
+    yield from _get("allreduce", _cross_choice(cst, view, red)).schedule(sub, view, red, None)
 
 
-@register("allreduce", "hierarchical")
-def allreduce(st, buf, red, *, src=None, chunk_bytes=shm.CHUNK_BYTES, sync=None):
+def prepare(st, buf, **knobs) -> None:
+    """Call-time set-up (collective): node and cross communicators, the window."""
     info = node_info(st)
+    info.cross_state()
+    shm.prepare(st, buf, **knobs)
+
+
+@register("allreduce", "hierarchical", knobs=("chunk_bytes", "sync"), prepare=prepare)
+def allreduce(ctx, buf, red, src=None, *, chunk_bytes=shm.CHUNK_BYTES, sync=None):
+    info = node_info(ctx.st)
     if info.nodes == 1:
-        return shm.pipeline(st, info, buf, red, src, chunk_bytes, sync=sync)
+        yield from shm.pipeline(ctx, info, buf, red, src, chunk_bytes, sync=sync)
+        return
 
     me = info.local_rank
     if info.uniform:
         def between(w, peers, bounds):
             a, b = bounds[me]
-            _cross_allreduce(info, peers[me][a:b], red)
+            yield from _cross_allreduce(ctx, info, peers[me][a:b], red)
     else:
         def between(w, peers, bounds):
-            w.sync()  # the whole chunk is reduced on this node
+            yield [w.sync_op(ctx)]  # the whole chunk is reduced on this node
             if me == 0:
                 # Other nodes cut the chunk into other slices: gather this
                 # node's slices into one piece, all-reduce it, put it back.
                 m = bounds[-1][1]
-                tmp = scratch_like(st, "hierarchical", m, buf.dtype)
+                tmp = ctx.scratch("hierarchical", m, buf.dtype)
                 for q, (qa, qb) in enumerate(bounds):
                     tmp[qa:qb] = peers[q][qa:qb]
-                _cross_allreduce(info, tmp, red)
+                yield from _cross_allreduce(ctx, info, tmp, red)
                 for q, (qa, qb) in enumerate(bounds):
                     peers[q][qa:qb] = tmp[qa:qb]
 
-    shm.pipeline(st, info, buf, red, src, chunk_bytes, between, sync=sync)
+    yield from shm.pipeline(ctx, info, buf, red, src, chunk_bytes, between, sync=sync)

@@ -1,11 +1,17 @@
 """The native MPI collectives, as a baseline and as a legitimate choice.
 
-Function:     allreduce(st, buf, red), reduce_scatter(st, buf, red, bounds),
-              allgather(st, buf, bounds), bcast(st, buf, root),
-              reduce(st, buf, red, root)
+Function:     allreduce(ctx, buf, red, src=None), reduce_scatter(ctx, buf, red, bounds),
+              allgather(ctx, buf, bounds), bcast(ctx, buf, root),
+              reduce(ctx, buf, red, root)
 Description:  Calls MPI_Allreduce, MPI_Reduce_scatter, MPI_Allgatherv,
               MPI_Bcast and MPI_Reduce on mpicoll's duplicate communicator,
-              whatever algorithm the MPI library picks inside.
+              whatever algorithm the MPI library picks inside. Each is
+              described once by a ``NativeCall`` (the blocking call, its
+              nonblocking MPI_I... form and its persistent MPI-4 ..._init
+              form, over the same buffers): the blocking driver makes the
+              blocking call, the nonblocking driver the I-call, and a
+              persistent plan (``mpicoll.allreduce_init``) uses ..._init
+              where the library has it.
               Where MPI has the datatype and op (integers, float32, float64
               with the predefined ops) the call is fully native. float16 and
               bfloat16 have no predefined MPI datatype, so they travel as
@@ -26,7 +32,12 @@ import numpy as np
 from mpi4py import MPI
 
 from . import register
+from .. import _direct
 from ..kernels import Reduction
+
+# The direct C call (mpicoll._direct) saves mpi4py's argument parsing, which
+# only matters for latency-bound messages.
+DIRECT_MAX_BYTES = 64 << 10
 
 _user_ops = {}
 
@@ -56,40 +67,110 @@ def _typed(red: Reduction):
     return MPI.UINT16_T, _user_op(red)
 
 
-@register("allreduce", "mpi")
-def allreduce(st, buf, red, *, src=None):
+class NativeCall:
+    """One native collective over fixed buffers: ``blocking()``, ``start()``
+    (returns the MPI request of the I-form), ``init()`` (the persistent
+    MPI-4 form's request, or None where the library lacks it) and
+    ``after()`` (work once it has completed, e.g. placing a block)."""
+
+    __slots__ = ("blocking", "start", "init", "after", "direct")
+
+    def __init__(self, blocking, start, init=None, after=None, direct=None):
+        self.blocking, self.start, self.init, self.after = blocking, start, init, after
+        # direct() -> (C function, args) or None: the same blocking call
+        # without mpi4py's parsing (mpicoll._direct), for plans that are kept.
+        self.direct = direct
+
+
+def _init(comm, name):
+    """comm.<name>_init if this MPI library has persistent collectives."""
+    fn = getattr(comm, name + "_init", None)
+    return fn if fn is not None and MPI.Get_version() >= (4, 0) else None
+
+
+def allreduce_call(comm, buf, red, src=None) -> NativeCall:
     datatype, op = _typed(red)
-    st.comm.Allreduce(MPI.IN_PLACE if src is None else [src, datatype], [buf, datatype], op)
+    sb = MPI.IN_PLACE if src is None else [src, datatype]
+    rb = [buf, datatype]
+    init = _init(comm, "Allreduce")
+    direct = None
+    if buf.nbytes <= DIRECT_MAX_BYTES and red.dtype.mpi is not None:
+        def direct():  # made only by plans that are kept (it holds buffer exports)
+            return _direct.allreduce(comm, src, buf, buf.size, datatype, op)
+    return NativeCall(lambda: comm.Allreduce(sb, rb, op), lambda: comm.Iallreduce(sb, rb, op),
+                      init and (lambda: init(sb, rb, op)), direct=direct)
+
+
+def reduce_scatter_call(comm, buf, red, bounds, scratch) -> NativeCall:
+    datatype, op = _typed(red)
+    counts = [b - a for a, b in bounds]
+    a, b = bounds[comm.Get_rank()]
+    # MPI_Reduce_scatter writes this rank's block to the front of the
+    # receive buffer; reduce out of place into scratch, then place it.
+    out = scratch[:b - a]
+    sb, rb = [buf, datatype], [out, datatype]
+    init = _init(comm, "Reduce_scatter")
+
+    def after():
+        buf[a:b] = out
+
+    return NativeCall(lambda: comm.Reduce_scatter(sb, rb, counts, op), lambda: comm.Ireduce_scatter(sb, rb, counts, op),
+                      init and (lambda: init(sb, rb, counts, op)), after)
+
+
+def allgather_call(comm, buf, bounds) -> NativeCall:
+    counts = [(b - a) * buf.itemsize for a, b in bounds]
+    displs = [a * buf.itemsize for a, _ in bounds]
+    rb = [buf, (counts, displs), MPI.BYTE]
+    init = _init(comm, "Allgatherv")
+    return NativeCall(lambda: comm.Allgatherv(MPI.IN_PLACE, rb), lambda: comm.Iallgatherv(MPI.IN_PLACE, rb),
+                      init and (lambda: init(MPI.IN_PLACE, rb)))
+
+
+def bcast_call(comm, buf, root) -> NativeCall:
+    b = [buf, MPI.BYTE]
+    init = _init(comm, "Bcast")
+    return NativeCall(lambda: comm.Bcast(b, root), lambda: comm.Ibcast(b, root), init and (lambda: init(b, root)))
+
+
+def reduce_call(comm, buf, red, root) -> NativeCall:
+    datatype, op = _typed(red)
+    if comm.Get_rank() == root:
+        sb, rb = MPI.IN_PLACE, [buf, datatype]
+    else:
+        sb, rb = [buf, datatype], None
+    init = _init(comm, "Reduce")
+    return NativeCall(lambda: comm.Reduce(sb, rb, op, root), lambda: comm.Ireduce(sb, rb, op, root),
+                      init and (lambda: init(sb, rb, op, root)))
+
+
+def _run(ctx, call: NativeCall):
+    yield [ctx.native(call.blocking, call.start)]
+    if call.after is not None:
+        call.after()
+
+
+@register("allreduce", "mpi", native=allreduce_call)
+def allreduce(ctx, buf, red, src=None):
+    yield from _run(ctx, allreduce_call(ctx.comm, buf, red, src))
 
 
 @register("reduce_scatter", "mpi")
-def reduce_scatter(st, buf, red, bounds):
-    datatype, op = _typed(red)
-    counts = [b - a for a, b in bounds]
-    a, b = bounds[st.rank]
-    # MPI_Reduce_scatter writes this rank's block to the front of the
-    # receive buffer; reduce out of place into a scratch copy, then place it.
-    out = st.scratch("mpi_rs", max(b - a, 1) * buf.itemsize).view(buf.dtype)[:b - a]
-    st.comm.Reduce_scatter([buf, datatype], [out, datatype], counts, op)
-    buf[a:b] = out
+def reduce_scatter(ctx, buf, red, bounds):
+    longest = max(b - a for a, b in bounds)
+    yield from _run(ctx, reduce_scatter_call(ctx.comm, buf, red, bounds, ctx.scratch("mpi_rs", longest, buf.dtype)))
 
 
 @register("allgather", "mpi")
-def allgather(st, buf, bounds):
-    counts = [(b - a) * buf.itemsize for a, b in bounds]
-    displs = [a * buf.itemsize for a, _ in bounds]
-    st.comm.Allgatherv(MPI.IN_PLACE, [buf, (counts, displs), MPI.BYTE])
+def allgather(ctx, buf, bounds):
+    yield from _run(ctx, allgather_call(ctx.comm, buf, bounds))
 
 
 @register("bcast", "mpi")
-def bcast(st, buf, root):
-    st.comm.Bcast([buf, MPI.BYTE], root)
+def bcast(ctx, buf, root):
+    yield from _run(ctx, bcast_call(ctx.comm, buf, root))
 
 
 @register("reduce", "mpi")
-def reduce(st, buf, red, root):
-    datatype, op = _typed(red)
-    if st.rank == root:
-        st.comm.Reduce(MPI.IN_PLACE, [buf, datatype], op, root)
-    else:
-        st.comm.Reduce([buf, datatype], None, op, root)
+def reduce(ctx, buf, red, root):
+    yield from _run(ctx, reduce_call(ctx.comm, buf, red, root))

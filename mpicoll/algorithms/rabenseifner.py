@@ -1,7 +1,7 @@
 """Rabenseifner's all-reduce: recursive-halving reduce-scatter, then
 recursive-doubling allgather.
 
-Function:     allreduce(st, buf, red)
+Function:     allreduce(ctx, buf, red, src=None)
 Description:  After the fold to a power of two (common.Fold), the vector is
               cut into pof2 blocks. Reduce-scatter by recursive halving: in
               each round a rank keeps half of the block range it is
@@ -26,27 +26,28 @@ Limitations:  With fewer elements than pof2 the blocks would be empty; it
 from __future__ import annotations
 
 from . import recursive_doubling, register
-from .common import TAG_ALLREDUCE, Fold, block_bounds, scratch_like, sendrecv
+from .common import Fold, block_bounds
 
 
 @register("allreduce", "rabenseifner")
-def allreduce(st, buf, red, *, src=None):
+def allreduce(ctx, buf, red, src=None):
     n = buf.size
-    fold = Fold(st.rank, st.size)
+    fold = Fold.of(ctx.rank, ctx.size)
     if n < fold.pof2:
-        return recursive_doubling.allreduce(st, buf, red, src=src)
+        yield from recursive_doubling.allreduce(ctx, buf, red, src)
+        return
     if src is not None:
         buf[...] = src
-    fold.fold_in(st, buf, red)
+    yield from fold.fold_in(ctx, buf, red)
     if fold.newrank >= 0:
-        _halving_doubling(st, buf, red, fold)
-    fold.fold_out(st, buf)
+        yield from _halving_doubling(ctx, buf, red, fold)
+    yield from fold.fold_out(ctx, buf)
 
 
-def _halving_doubling(st, buf, red, fold):
+def _halving_doubling(ctx, buf, red, fold):
     me = fold.newrank
     bounds = block_bounds(buf.size, fold.pof2)
-    tmp = scratch_like(st, "rab", bounds[0][1] * (fold.pof2 // 2) + 1, buf.dtype)
+    tmp = ctx.scratch("rab", bounds[0][1] * (fold.pof2 // 2) + 1, buf.dtype)
 
     def span(lo, hi):  # element range of blocks [lo, hi)
         return bounds[lo][0], bounds[hi - 1][1]
@@ -56,6 +57,7 @@ def _halving_doubling(st, buf, red, fold):
     rounds = []
     mask = fold.pof2 >> 1
     while mask:
+        ctx.phase = ("rabenseifner halving, distance", mask)
         partner = me ^ mask
         mid = (lo + hi) // 2
         keep, give = ((lo, mid), (mid, hi)) if me < partner else ((mid, hi), (lo, mid))
@@ -64,7 +66,7 @@ def _halving_doubling(st, buf, red, fold):
         mine = buf[ks:ke]
         theirs = tmp[:ke - ks]
         peer = fold.real(partner)
-        sendrecv(st.comm, buf[gs:ge], peer, theirs, peer, TAG_ALLREDUCE)
+        yield [ctx.recv(theirs, peer), ctx.send(buf[gs:ge], peer)]
         if partner < me:
             red.combine(mine, theirs, mine)
         else:
@@ -75,6 +77,7 @@ def _halving_doubling(st, buf, red, fold):
 
     # Allgather by recursive doubling: undo the rounds in reverse order.
     for peer, keep, give in reversed(rounds):
+        ctx.phase = "rabenseifner doubling"
         ks, ke = span(*keep)
         gs, ge = span(*give)
-        sendrecv(st.comm, buf[ks:ke], peer, buf[gs:ge], peer, TAG_ALLREDUCE)
+        yield [ctx.recv(buf[gs:ge], peer), ctx.send(buf[ks:ke], peer)]

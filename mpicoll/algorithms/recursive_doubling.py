@@ -1,6 +1,6 @@
 """Recursive-doubling all-reduce.
 
-Function:     allreduce(st, buf, red)
+Function:     allreduce(ctx, buf, red, src=None)
 Description:  After the fold to a power of two (common.Fold), log2(pof2)
               rounds: in round k each rank swaps its whole vector with the
               rank whose new rank differs in bit k and combines the two.
@@ -21,24 +21,26 @@ Limitations:  Moves the whole vector every round, so it is for short
 from __future__ import annotations
 
 from . import register
-from .common import TAG_ALLREDUCE, Fold, scratch_like, sendrecv
+from .common import Fold
 
 
 @register("allreduce", "recursive_doubling")
-def allreduce(st, buf, red, *, src=None):
+def allreduce(ctx, buf, red, src=None):
     if src is not None:
         buf[...] = src
-    fold = Fold(st.rank, st.size)
-    fold.fold_in(st, buf, red)
+    fold = Fold.of(ctx.rank, ctx.size)
+    yield from fold.fold_in(ctx, buf, red)
     if fold.newrank >= 0:
-        tmp = scratch_like(st, "rd", buf.size, buf.dtype)
+        tmp = ctx.scratch("rd", buf.size, buf.dtype)
         mask = 1
         while mask < fold.pof2:
+            ctx.phase = ("recursive doubling round", mask.bit_length() - 1)
             partner = fold.newrank ^ mask
-            sendrecv(st.comm, buf, fold.real(partner), tmp, fold.real(partner), TAG_ALLREDUCE)
+            peer = fold.real(partner)
+            yield [ctx.recv(tmp, peer), ctx.send(buf, peer)]
             if partner < fold.newrank:
                 red.combine(buf, tmp, buf)
             else:
                 red.combine(buf, buf, tmp)
             mask <<= 1
-    fold.fold_out(st, buf)
+    yield from fold.fold_out(ctx, buf)

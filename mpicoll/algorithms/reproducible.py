@@ -1,6 +1,6 @@
 """Reproducible all-reduce: the bits of the serial rank-ordered reduction.
 
-Function:     allreduce(st, buf, red, *, src=None)
+Function:     allreduce(ctx, buf, red, src=None)   (a schedule; prepare(st, buf) at call time)
               (reached through ``mpicoll.allreduce(..., reproducible=True)``,
               not registered as an algorithm: it replaces whichever one was
               asked for)
@@ -36,25 +36,39 @@ from mpi4py import MPI
 
 from ..node import node_info
 from . import shm
-from .common import BYTE, block_bounds
+from .common import block_bounds
+
+BYTE = MPI.BYTE
 
 
-def allreduce(st, buf, red, *, src=None) -> None:
+def prepare(st, buf) -> None:
+    if node_info(st).nodes == 1:
+        shm.prepare(st, buf)
+
+
+def allreduce(ctx, buf, red, src=None):
+    st = ctx.st
     info = node_info(st)
     if info.nodes == 1:
         # The node communicator is ordered by rank in st.comm: shm's slice
         # reduction W[0] op W[1] ... is the serial order.
-        return shm.pipeline(st, info, buf, red, src, shm.CHUNK_BYTES)
-    p, r, isz = st.size, st.rank, buf.itemsize
+        yield from shm.pipeline(ctx, info, buf, red, src, shm.CHUNK_BYTES)
+        return
+    p, r, isz = ctx.size, ctx.rank, buf.itemsize
+    comm = ctx.comm
     own = buf if src is None else src
     bounds = block_bounds(buf.size, p)
     a, b = bounds[r]
     mine = b - a
-    recv = st.scratch("reproducible", p * mine * isz).view(buf.dtype)
+    recv = ctx.scratch("reproducible", p * mine, buf.dtype)
     send_counts = [(hi - lo) * isz for lo, hi in bounds]
     send_displs = [lo * isz for lo, _ in bounds]
-    st.comm.Alltoallv([own, (send_counts, send_displs), BYTE],
-                      [recv, ([mine * isz] * p, [q * mine * isz for q in range(p)]), BYTE])
+    sb = [own, (send_counts, send_displs), BYTE]
+    rb = [recv, ([mine * isz] * p, [q * mine * isz for q in range(p)]), BYTE]
+    ctx.phase = "reproducible: all-to-all of the blocks"
+    yield [ctx.native(lambda: comm.Alltoallv(sb, rb), lambda: comm.Ialltoallv(sb, rb))]
     if mine:
         red.combine_many(buf[a:b], [recv[q * mine:(q + 1) * mine] for q in range(p)])
-    st.comm.Allgatherv(MPI.IN_PLACE, [buf, (send_counts, send_displs), BYTE])
+    gb = [buf, (send_counts, send_displs), BYTE]
+    ctx.phase = "reproducible: allgather of the reduced blocks"
+    yield [ctx.native(lambda: comm.Allgatherv(MPI.IN_PLACE, gb), lambda: comm.Iallgatherv(MPI.IN_PLACE, gb))]

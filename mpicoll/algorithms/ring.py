@@ -1,10 +1,10 @@
 """Ring all-reduce: reduce-scatter around a ring, then allgather around it.
 
-Function:     allreduce(st, buf, red, *, src=None, segment_bytes=SEGMENT_BYTES)
-              reduce_scatter(st, buf, red, bounds, *, segment_bytes=...)
-              allgather(st, buf, bounds)
-              reduce(st, buf, red, root)   ring reduce-scatter + gather to root
-              bcast(st, buf, root)         scatter from root + ring allgather
+Function:     allreduce(ctx, buf, red, src=None, *, segment_bytes=SEGMENT_BYTES)
+              reduce_scatter(ctx, buf, red, bounds, *, segment_bytes=...)
+              allgather(ctx, buf, bounds)
+              reduce(ctx, buf, red, root)   ring reduce-scatter + gather to root
+              bcast(ctx, buf, root)         scatter from root + ring allgather
 Description:  The vector is cut into p blocks (np.array_split convention),
               one per rank. Each rank sends to its right neighbour and
               receives from its left one.
@@ -28,6 +28,9 @@ Description:  The vector is cut into p blocks (np.array_split convention),
               segments, so the next segment is already arriving while the
               current one is being reduced; each reduced segment is sent on
               for the next step at once rather than after the whole block.
+              Sends in flight are bounded: before step s+1 ends, the sends
+              of step s-1 have completed (at most two steps' segments
+              outstanding, not (p-1) x segments).
 Cost:         2 (p-1) alpha + 2 (p-1)/p n beta + (p-1)/p n gamma: bandwidth-
               optimal, but the latency term grows linearly in p. Segmenting
               adds (segments - 1) alpha per step in exchange for overlap.
@@ -42,76 +45,67 @@ Limitations:  With fewer elements than ranks some blocks are empty and the
 from __future__ import annotations
 
 import numpy as np
-from mpi4py import MPI
 
 from . import recursive_doubling, register
-from ..check import is_truncation, size_mismatch
-from .common import (BYTE, TAG_ALLGATHER, TAG_ALLREDUCE, TAG_BCAST, TAG_REDUCE, TAG_REDUCE_SCATTER, block_bounds,
-                     recv, send, sendrecv, split_range)
+from .common import block_bounds, split_range
 
 # Gloo caps ring segments at 1 MiB; measured here, 1 MiB segments cost
 # nothing at 64 MiB and let the reduction overlap the transfers.
 SEGMENT_BYTES = 1 << 20
 
 
-@register("allreduce", "ring")
-def allreduce(st, buf, red, *, src=None, segment_bytes=SEGMENT_BYTES):
-    if buf.size < st.size:
-        return recursive_doubling.allreduce(st, buf, red, src=src)
-    bounds = block_bounds(buf.size, st.size)
-    _reduce_scatter(st, buf, red, bounds, segment_bytes, TAG_ALLREDUCE, src)
-    ring_allgather(st, buf, bounds, TAG_ALLREDUCE)
+@register("allreduce", "ring", knobs=("segment_bytes",))
+def allreduce(ctx, buf, red, src=None, *, segment_bytes=SEGMENT_BYTES):
+    if buf.size < ctx.size:
+        yield from recursive_doubling.allreduce(ctx, buf, red, src)
+        return
+    bounds = block_bounds(buf.size, ctx.size)
+    yield from _reduce_scatter(ctx, buf, red, bounds, segment_bytes, src)
+    yield from ring_allgather(ctx, buf, bounds)
 
 
-@register("reduce_scatter", "ring")
-def reduce_scatter(st, buf, red, bounds, *, segment_bytes=SEGMENT_BYTES):
-    _reduce_scatter(st, buf, red, bounds, segment_bytes, TAG_REDUCE_SCATTER, None)
+@register("reduce_scatter", "ring", knobs=("segment_bytes",))
+def reduce_scatter(ctx, buf, red, bounds, *, segment_bytes=SEGMENT_BYTES):
+    yield from _reduce_scatter(ctx, buf, red, bounds, segment_bytes, None)
 
 
 @register("allgather", "ring")
-def allgather(st, buf, bounds):
-    ring_allgather(st, buf, bounds, TAG_ALLGATHER)
+def allgather(ctx, buf, bounds):
+    yield from ring_allgather(ctx, buf, bounds)
 
 
-@register("reduce", "ring")
-def reduce(st, buf, red, root, *, segment_bytes=SEGMENT_BYTES):
+@register("reduce", "ring", knobs=("segment_bytes",))
+def reduce(ctx, buf, red, root, *, segment_bytes=SEGMENT_BYTES):
     """Ring reduce-scatter, then every rank sends its reduced block to root
     (Rabenseifner's reduce): (p-1)/p n bytes through each link instead of the
     binomial tree's n log2(p) at the root."""
-    bounds = block_bounds(buf.size, st.size)
-    _reduce_scatter(st, buf, red, bounds, segment_bytes, TAG_REDUCE, None)
-    a, b = bounds[st.rank]
-    if st.rank != root:
-        send(st.comm, buf[a:b], root, TAG_REDUCE)
+    bounds = block_bounds(buf.size, ctx.size)
+    yield from _reduce_scatter(ctx, buf, red, bounds, segment_bytes, None)
+    ctx.phase = "ring reduce: gather to root"
+    if ctx.rank != root:
+        a, b = bounds[ctx.rank]
+        yield [ctx.send(buf[a:b], root)]
         return
-    peers = [(r, a, b) for r, (a, b) in enumerate(bounds) if r != root]
-    reqs = [st.comm.Irecv([buf[a:b], BYTE], r, TAG_REDUCE) for r, a, b in peers]
-    statuses = [MPI.Status() for _ in reqs]
-    MPI.Request.Waitall(reqs, statuses)
-    for (r, a, b), status in zip(peers, statuses):  # same size check as common.recv
-        got = status.Get_count(BYTE)
-        if got != (b - a) * buf.itemsize:
-            raise size_mismatch(st.comm, (b - a) * buf.itemsize, got, r, "ring reduce")
+    yield [ctx.recv(buf[a:b], r) for r, (a, b) in enumerate(bounds) if r != root]
 
 
 @register("bcast", "ring")
-def bcast(st, buf, root):
+def bcast(ctx, buf, root):
     """Scatter from root (rank i gets block i straight from root), then a
     ring allgather: 2 (p-1)/p n bytes per rank in all, against the binomial
     tree's n log2(p); for long messages (van de Geijn's broadcast)."""
-    p, r = st.size, st.rank
+    p, r = ctx.size, ctx.rank
     bounds = block_bounds(buf.size, p)
+    ctx.phase = "ring bcast: scatter"
     if r == root:
-        reqs = [st.comm.Isend([buf[a:b], BYTE], i, TAG_BCAST) for i, (a, b) in enumerate(bounds) if i != root]
-        MPI.Request.Waitall(reqs)
+        yield [ctx.send(buf[a:b], i) for i, (a, b) in enumerate(bounds) if i != root]
     else:
         a, b = bounds[r]
-        recv(st.comm, buf[a:b], root, TAG_BCAST)
-    ring_allgather(st, buf, bounds, TAG_BCAST)
+        yield [ctx.recv(buf[a:b], root)]
+    yield from ring_allgather(ctx, buf, bounds)
 
 
-
-def _reduce_scatter(st, buf, red, bounds, segment_bytes, tag, src):
+def _reduce_scatter(ctx, buf, red, bounds, segment_bytes, src):
     """Ring reduce-scatter into ``buf``. With ``src`` (out of place), this
     rank's own data is read from ``src``: each of its blocks is read exactly
     once (block r-1 is sent, the others are combined), so no copy is needed;
@@ -123,10 +117,10 @@ def _reduce_scatter(st, buf, red, bounds, segment_bytes, tag, src):
         red.combine(mine, partial, own[a:b])  # partial from the left, then ours
         return mine
 
-    pipelined_reduce_scatter(st, bounds, buf.dtype, segment_bytes, tag, lambda a, b: own[a:b], combine)
+    yield from pipelined_reduce_scatter(ctx, bounds, buf.dtype, segment_bytes, lambda a, b: own[a:b], combine)
 
 
-def pipelined_reduce_scatter(st, bounds, wire_dtype, segment_bytes, tag, first, combine):
+def pipelined_reduce_scatter(ctx, bounds, wire_dtype, segment_bytes, first, combine):
     """The ring reduce-scatter's message schedule, with the arithmetic left to
     the caller (the plain ring here, the 16-bit ring in ring_compressed.py).
 
@@ -135,56 +129,58 @@ def pipelined_reduce_scatter(st, bounds, wire_dtype, segment_bytes, tag, first, 
     from the left for [a, b) into this rank's data and returns the array to
     pass on in the next step. Messages carry ``wire_dtype`` elements.
     """
-    p, r, comm = st.size, st.rank, st.comm
+    p, r = ctx.size, ctx.rank
     right, left = (r + 1) % p, (r - 1) % p
     itemsize = np.dtype(wire_dtype).itemsize
     longest = max(stop - start for start, stop in bounds)
     seg_elems = max(1, segment_bytes // itemsize)
     nseg = max(1, -(-longest // seg_elems))
     seg_cap = -(-longest // nseg)
-    tmp = st.scratch(f"ring-{itemsize}", 2 * seg_cap * itemsize).view(wire_dtype)
+    tmp = ctx.scratch(f"ring-{itemsize}", 2 * seg_cap, wire_dtype)
     slots = (tmp[:seg_cap], tmp[seg_cap:])
     segs = [split_range(start, stop, nseg) for start, stop in bounds]
 
     # Step 0 sends this rank's own data for block r-1, all segments at once.
-    sends = [comm.Isend([first(a, b), BYTE], right, tag) for a, b in segs[(r - 1) % p]]
+    older = []
+    newer = list(ctx.start(*[ctx.send(first(a, b), right) for a, b in segs[(r - 1) % p]]))
     for step in range(p - 1):
+        ctx.phase = ("ring reduce-scatter step", step)
         block = segs[(r - step - 2) % p]
         recvs = [None, None]
 
         def post(j):
             a, b = block[j]
-            recvs[j % 2] = comm.Irecv([slots[j % 2][:b - a], BYTE], left, tag)
+            recvs[j % 2], = ctx.start(ctx.recv(slots[j % 2][:b - a], left))
 
         post(0)
         if nseg > 1:
             post(1)
+        sends = []
         for j, (a, b) in enumerate(block):
-            status = MPI.Status()
-            expected = (b - a) * itemsize
-            try:
-                recvs[j % 2].Wait(status)
-            except MPI.Exception as exc:
-                if is_truncation(exc):
-                    raise size_mismatch(comm, expected, -1, left, f"ring step {step}") from exc
-                raise
-            got = status.Get_count(BYTE)
-            if got != expected:
-                raise size_mismatch(comm, expected, got, left, f"ring step {step}")
+            yield [recvs[j % 2]]
             forward = combine(a, b, slots[j % 2][:b - a])
             if j + 2 < nseg:
                 post(j + 2)
             if step < p - 2:  # this segment is what we send in the next step
-                sends.append(comm.Isend([forward, BYTE], right, tag))
-    MPI.Request.Waitall(sends)
+                sends += ctx.start(ctx.send(forward, right))
+        # Bound the sends in flight to two steps' worth: those of the step
+        # before last have long been received (their receiver combined them
+        # before sending what we just received).
+        if older:
+            yield older
+        older, newer = newer, sends
+    # The allgather overwrites blocks that these sends may still be reading.
+    if older or newer:
+        yield older + newer
 
 
-def ring_allgather(st, buf, bounds, tag):
+def ring_allgather(ctx, buf, bounds):
     """Ring allgather of ``bounds`` blocks in place: in step s rank r passes on
     block r-s and receives block r-s-1 from its left neighbour."""
-    p, r, comm = st.size, st.rank, st.comm
+    p, r = ctx.size, ctx.rank
     right, left = (r + 1) % p, (r - 1) % p
     for step in range(p - 1):
+        ctx.phase = ("ring allgather step", step)
         sa, sb = bounds[(r - step) % p]
         ra, rb = bounds[(r - step - 1) % p]
-        sendrecv(comm, buf[sa:sb], right, buf[ra:rb], left, tag)
+        yield [ctx.recv(buf[ra:rb], left), ctx.send(buf[sa:sb], right)]

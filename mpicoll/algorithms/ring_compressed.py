@@ -1,6 +1,6 @@
 """Ring all-reduce of float32 data with 16-bit (float16/bfloat16) partial sums on the wire.
 
-Function:     allreduce(st, src, wire, fmt, divisor, *, segment_bytes=SEGMENT_BYTES)
+Function:     allreduce(ctx, src, wire, fmt, divisor, *, segment_bytes=SEGMENT_BYTES)   (a schedule)
               src: this rank's contribution, float32, 1-D, read only;
               wire: uint16, same length; on return it holds the 16-bit sum
               (``fmt`` bits), identical on every rank.
@@ -44,24 +44,20 @@ from .ring import pipelined_reduce_scatter, ring_allgather
 # As ring.py: 1 MiB segments (of 16-bit data here).
 SEGMENT_BYTES = 1 << 20
 
-# Not one of common.py's tags: compressed messages must never match an
-# uncompressed collective's on the same duplicate communicator.
-TAG_COMPRESSED = 61
 
-
-def allreduce(st, src, wire, fmt, divisor, *, segment_bytes=SEGMENT_BYTES):
-    n, p = src.size, st.size
+def allreduce(ctx, src, wire, fmt, divisor, *, segment_bytes=SEGMENT_BYTES):
+    n, p = src.size, ctx.size
     if wire.size != n:
         raise ValueError(f"mpicoll: compressed ring: wire has {wire.size} elements, src {n}")
     if p == 1:
         fmt.accumulate_round(wire, src, divisor, None)
         return
     bounds = block_bounds(n, p)
-    _reduce_scatter(st, src, wire, fmt, divisor, bounds, segment_bytes)
-    ring_allgather(st, wire, bounds, TAG_COMPRESSED)
+    yield from _reduce_scatter(ctx, src, wire, fmt, divisor, bounds, segment_bytes)
+    yield from ring_allgather(ctx, wire, bounds)
 
 
-def _reduce_scatter(st, src, wire, fmt, divisor, bounds, segment_bytes):
+def _reduce_scatter(ctx, src, wire, fmt, divisor, bounds, segment_bytes):
     """ring.py's schedule with the compressed arithmetic: this rank's float32
     values plus the received 16-bit partial, added in float32 and rounded
     once into ``wire`` for sending."""
@@ -74,4 +70,4 @@ def _reduce_scatter(st, src, wire, fmt, divisor, bounds, segment_bytes):
         fmt.accumulate_round(wire[a:b], src[a:b], divisor, partial)
         return wire[a:b]
 
-    pipelined_reduce_scatter(st, bounds, wire.dtype, segment_bytes, TAG_COMPRESSED, first, combine)
+    yield from pipelined_reduce_scatter(ctx, bounds, wire.dtype, segment_bytes, first, combine)

@@ -1,6 +1,6 @@
 """Shared-memory all-reduce: the ranks of a node read each other's data directly.
 
-Function:     allreduce(st, buf, red, *, src=None, chunk_bytes=CHUNK_BYTES)
+Function:     allreduce(ctx, buf, red, src=None, *, chunk_bytes=CHUNK_BYTES, sync=None)
 Description:  The node's k ranks share one MPI-3 shared-memory window
               (``MPI_Win_allocate_shared``), allocated on first use, kept in
               the communicator's state and reused; it grows (collectively,
@@ -57,12 +57,18 @@ Limitations:  One node only. On a communicator that spans several nodes
               reduced in rank order on one rank and copied to all, so the
               result is bit-identical on every rank, and, on one node, also
               identical to the serial rank-ordered reduction (reproducible).
-              Not thread-safe across concurrent calls on one communicator
-              (like all of mpicoll's blocking collectives).
+              Calls on one communicator take turns on its window in the
+              order they were started (the same on every rank), so several
+              nonblocking shm all-reduces may be outstanding at once, but
+              they run one after the other. Nonblocking waits poll the flags
+              from Python (the blocking path waits in C).
 """
 from __future__ import annotations
 
 import atexit
+import collections
+import itertools
+import time
 import weakref
 
 import numpy as np
@@ -73,7 +79,7 @@ from .._kernels import ffi, lib
 from ..node import node_info
 from .common import block_bounds
 
-# Issue bound: never more than this per rank in the window (header included).
+# The bound: never more than this per rank in the window (header included).
 MAX_WINDOW_BYTES = 32 << 20
 # Largest slot: two slots and a header of up to 64 KiB (flags for 512 ranks).
 MAX_SLOT_BYTES = (MAX_WINDOW_BYTES - (64 << 10)) // 2
@@ -135,6 +141,9 @@ class ShmWindow:
             flags[:self.header] = 0  # rank 0 clears the flags ...
         self._flags = ffi.from_buffer(flags)
         self._my_flag = ffi.cast("int64_t *", ffi.from_buffer(flags[self.me * FLAG_STRIDE:]))
+        # Every rank's counter, for the nonblocking test (aligned 8-byte
+        # loads, which x86-64 and AArch64 make atomic).
+        self._flag_view = np.frombuffer(flags[:self.header], np.int64)[::FLAG_STRIDE // 8][:k]
         self._barrier_sync()  # ... before anyone uses a flag
         global _serial
         _serial += 1
@@ -156,6 +165,16 @@ class ShmWindow:
         lib.mpicoll_flag_set(self._my_flag, self.epoch)
         lib.mpicoll_flag_wait(self._flags, FLAG_STRIDE, self.k, self.epoch, SPINS)
 
+    def _ibarrier(self):
+        self.win.Sync()
+        return self.local.Ibarrier()
+
+    def sync_op(self, ctx):
+        """One sync point as a schedule operation."""
+        if self.sync_mode == "flags":
+            return ctx.custom(_FlagSync(self))
+        return ctx.native(self._barrier_sync, self._ibarrier)
+
     def free(self) -> None:
         self._mem = []  # no view or pointer may outlive the memory
         self._flags = self._my_flag = None
@@ -163,6 +182,73 @@ class ShmWindow:
             self.win.Unlock_all()
             self.win.Free()
         _live.pop(self._serial, None)
+
+
+class _FlagSync:
+    """A flag sync as a schedule operation: post sets this rank's counter,
+    test/wait see every rank's counter reach it."""
+
+    what = "shared-memory sync (a rank of this node has not reached it)"
+
+    def __init__(self, w: ShmWindow):
+        self.w = w
+        self.epoch = 0
+
+    def post(self) -> None:
+        w = self.w
+        w.epoch += 1
+        self.epoch = w.epoch
+        lib.mpicoll_flag_set(w._my_flag, self.epoch)
+
+    def test(self) -> bool:
+        return bool((self.w._flag_view >= self.epoch).all())
+
+    def wait(self, deadline) -> bool:
+        if deadline is None:
+            w = self.w
+            lib.mpicoll_flag_wait(w._flags, FLAG_STRIDE, w.k, self.epoch, SPINS)
+            return True
+        while not self.test():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0)
+        return True
+
+
+class _Turn:
+    """Waits until the calls started before this one on the communicator's
+    window have finished (every rank starts them in the same order)."""
+
+    what = "an earlier shared-memory call on this communicator"
+
+    def __init__(self, queue, ticket):
+        self.queue, self.ticket = queue, ticket
+
+    def post(self) -> None:
+        pass
+
+    def test(self) -> bool:
+        return self.queue[0] == self.ticket
+
+    def wait(self, deadline) -> bool:
+        from .. import engine
+
+        while not self.test():
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            engine.progress()
+            time.sleep(0)
+        return True
+
+
+_tickets = itertools.count()
+
+
+def _queue(st):
+    q = st.extra.get("shm-queue")
+    if q is None:
+        q = st.extra["shm-queue"] = collections.deque()
+    return q
 
 
 @atexit.register
@@ -182,6 +268,7 @@ def window(st, info, nbytes: int, sync: str = "flags") -> ShmWindow:
     w = st.extra.get(key)
     if w is None or w.slot_bytes < nbytes:
         if w is not None:
+            _drain(st)  # nonblocking calls still using the old window finish first
             w.local.Barrier()  # every rank has copied its last result out of the old window
             w.free()
         grow = 0 if w is None else 2 * w.slot_bytes  # geometric growth: few re-allocations
@@ -192,51 +279,94 @@ def window(st, info, nbytes: int, sync: str = "flags") -> ShmWindow:
     return w
 
 
+def _drain(st) -> None:
+    q = st.extra.get("shm-queue")
+    if q:
+        from .. import engine
+
+        while q:
+            engine.progress()
+            time.sleep(0)
+
+
 def chunk_elems(n: int, itemsize: int, chunk_bytes: int) -> int:
     return max(1, min(n, min(chunk_bytes, MAX_SLOT_BYTES) // itemsize))
 
 
-def pipeline(st, info, buf, red, src, chunk_bytes, between=None, sync=None) -> None:
-    """Steps 1-5 above over the whole message, in place on ``buf``."""
+def _cap(n: int, itemsize: int, chunk_bytes: int) -> int:
+    cap = chunk_elems(n, itemsize, chunk_bytes)
+    return -(-n // -(-n // cap))  # equal chunks: 16 MiB is one chunk, not 16 MiB - 32 KiB plus a sliver
+
+
+def prepare(st, buf, chunk_bytes=CHUNK_BYTES, sync=None, **_) -> None:
+    """Call-time set-up (collective): the node layout and a window big enough."""
+    info = node_info(st)
+    if buf.size:
+        window(st, info, _cap(buf.size, buf.itemsize, chunk_bytes) * buf.itemsize, sync or SYNC)
+
+
+def pipeline(ctx, info, buf, red, src, chunk_bytes, between=None, sync=None):
+    """Steps 1-5 above over the whole message, in place on ``buf`` (a schedule)."""
     n = buf.size
     if n == 0:
         return
-    k, me = info.local_size, info.local_rank
-    dtype, size = buf.dtype, buf.itemsize
-    cap = chunk_elems(n, size, chunk_bytes)
-    cap = -(-n // -(-n // cap))  # equal chunks: 16 MiB is one chunk, not 16 MiB - 32 KiB plus a sliver
-    w = window(st, info, cap * size, sync or SYNC)
-    slots = [[w.slot(r, s).view(dtype) for r in range(k)] for s in (0, 1)]
-    own = buf if src is None else src
-    bounds = block_bounds(min(cap, n), k)
-    for c0 in range(0, n, cap):
-        m = min(cap, n - c0)
-        if m != cap:
-            bounds = block_bounds(m, k)
-        a, b = bounds[me]
-        # The slot alternates across calls too: the next call's first copy-in
-        # must not land in the slot a slower rank is still copying out of.
-        peers = slots[w.turn]
-        w.turn ^= 1
-        mine = peers[me]
-        mine[:a] = own[c0:c0 + a]  # my own slice stays private: only I read it
-        mine[b:m] = own[c0 + b:c0 + m]
-        w.sync()
-        srcs = [p[a:b] for p in peers]
-        srcs[me] = own[c0 + a:c0 + b]
-        red.combine_many(mine[a:b], srcs)  # rank order; the result replaces my (unused) slice
-        if between is not None:
-            between(w, peers, bounds)
-        w.sync()
-        for q, (qa, qb) in enumerate(bounds):
-            buf[c0 + qa:c0 + qb] = peers[q][qa:qb]
+    st = ctx.st
+    queue = _queue(st)
+    ticket = next(_tickets)
+    queue.append(ticket)
+    try:
+        if queue[0] != ticket:
+            ctx.phase = "shm: waiting for the window"
+            yield [ctx.custom(_Turn(queue, ticket))]
+        k, me = info.local_size, info.local_rank
+        dtype, size = buf.dtype, buf.itemsize
+        cap = _cap(n, size, chunk_bytes)
+        w = window(st, info, cap * size, sync or SYNC)
+        slots = [[w.slot(r, s).view(dtype) for r in range(k)] for s in (0, 1)]
+        own = buf if src is None else src
+        bounds = block_bounds(min(cap, n), k)
+        for c0 in range(0, n, cap):
+            ctx.phase = ("shm chunk at element", c0)
+            m = min(cap, n - c0)
+            if m != cap:
+                bounds = block_bounds(m, k)
+            a, b = bounds[me]
+            # The slot alternates across calls too: the next call's first copy-in
+            # must not land in the slot a slower rank is still copying out of.
+            peers = slots[w.turn]
+            w.turn ^= 1
+            mine = peers[me]
+            mine[:a] = own[c0:c0 + a]  # my own slice stays private: only I read it
+            mine[b:m] = own[c0 + b:c0 + m]
+            yield [w.sync_op(ctx)]
+            srcs = [p[a:b] for p in peers]
+            srcs[me] = own[c0 + a:c0 + b]
+            red.combine_many(mine[a:b], srcs)  # rank order; the result replaces my (unused) slice
+            if between is not None:
+                yield from between(w, peers, bounds)
+            yield [w.sync_op(ctx)]
+            if w.sync_mode != "flags":
+                w.win.Sync()
+            for q, (qa, qb) in enumerate(bounds):
+                buf[c0 + qa:c0 + qb] = peers[q][qa:qb]
+    finally:
+        queue.remove(ticket)
 
 
-@register("allreduce", "shm")
-def allreduce(st, buf, red, *, src=None, chunk_bytes=CHUNK_BYTES, sync=None):
-    info = node_info(st)
+def _prepare_shm(st, buf, **knobs) -> None:
+    if node_info(st).nodes > 1:
+        from . import hierarchical
+
+        return hierarchical.prepare(st, buf, **knobs)
+    prepare(st, buf, **knobs)
+
+
+@register("allreduce", "shm", knobs=("chunk_bytes", "sync"), prepare=_prepare_shm)
+def allreduce(ctx, buf, red, src=None, *, chunk_bytes=CHUNK_BYTES, sync=None):
+    info = node_info(ctx.st)
     if info.nodes > 1:
         from . import hierarchical
 
-        return hierarchical.allreduce(st, buf, red, src=src, chunk_bytes=chunk_bytes, sync=sync)
-    pipeline(st, info, buf, red, src, chunk_bytes, sync=sync)
+        yield from hierarchical.allreduce(ctx, buf, red, src, chunk_bytes=chunk_bytes, sync=sync)
+        return
+    yield from pipeline(ctx, info, buf, red, src, chunk_bytes, sync=sync)

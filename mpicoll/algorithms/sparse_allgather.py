@@ -34,14 +34,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from .common import BYTE
+from mpi4py import MPI
+
+BYTE = MPI.BYTE
 
 
-def allreduce(st, idx, val, n, out, average=False):
+def allreduce(ctx, idx, val, n, out, average=False):
+    """A schedule (one native MPI_Allgather, then the local sums)."""
     k = idx.size
     if val.size != k or idx.dtype != np.int32 or val.dtype != np.float32:
         raise ValueError("mpicoll: sparse allreduce needs k int32 indices and k float32 values")
-    p = st.size
+    p = ctx.size
     # Message: [n, k, k indices, k values], 32-bit words. The two header
     # words let every rank check that all ranks reduced vectors of the same
     # length without a separate collective (a different k already fails in
@@ -54,7 +57,10 @@ def allreduce(st, idx, val, n, out, average=False):
         gathered = send.reshape(1, -1)
     else:
         gathered = np.empty((p, send.size), np.uint32)
-        st.comm.Allgather([send, BYTE], [gathered, BYTE])
+        comm = ctx.comm
+        sb, rb = [send, BYTE], [gathered, BYTE]
+        ctx.phase = "top-k allgather"
+        yield [ctx.native(lambda: comm.Allgather(sb, rb), lambda: comm.Iallgather(sb, rb))]
         if np.any(gathered[:, 0] != n) or np.any(gathered[:, 1] != k):
             raise RuntimeError(f"mpicoll: top-k ranks disagree on the vector length or k: "
                                f"(n, k) = {gathered[:, :2].tolist()}")

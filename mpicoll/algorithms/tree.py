@@ -1,8 +1,8 @@
 """Binomial-tree all-reduce: reduce to one rank, then broadcast from it.
 
-Function:     allreduce(st, buf, red)
-              reduce(st, buf, red, root)
-              bcast(st, buf, root)
+Function:     allreduce(ctx, buf, red, src=None)
+              reduce(ctx, buf, red, root)
+              bcast(ctx, buf, root)
 Description:  Ranks are renumbered relative to the root (vrank = (rank -
               root) mod p). Reduce: in round k, every vrank with bit k set
               sends its partial result to vrank - 2^k and drops out; the
@@ -23,55 +23,59 @@ Limitations:  Moves the whole vector at every level, so it only suits short
 from __future__ import annotations
 
 from . import register
-from .common import TAG_ALLREDUCE, TAG_BCAST, TAG_REDUCE, recv, scratch_like, send
 
 
 @register("allreduce", "tree")
-def allreduce(st, buf, red, *, src=None):
+def allreduce(ctx, buf, red, src=None):
     if src is not None:
         buf[...] = src
-    binomial_reduce(st, buf, red, 0, TAG_ALLREDUCE)
-    binomial_bcast(st, buf, 0, TAG_ALLREDUCE)
+    yield from binomial_reduce(ctx, buf, red, 0)
+    yield from binomial_bcast(ctx, buf, 0)
 
 
 @register("reduce", "tree")
-def reduce(st, buf, red, root):
-    binomial_reduce(st, buf, red, root, TAG_REDUCE)
+def reduce(ctx, buf, red, root):
+    yield from binomial_reduce(ctx, buf, red, root)
 
 
 @register("bcast", "tree")
-def bcast(st, buf, root):
-    binomial_bcast(st, buf, root, TAG_BCAST)
+def bcast(ctx, buf, root):
+    yield from binomial_bcast(ctx, buf, root)
 
 
-def binomial_reduce(st, buf, red, root, tag):
-    p, comm = st.size, st.comm
-    vrank = (st.rank - root) % p
+def binomial_reduce(ctx, buf, red, root):
+    p = ctx.size
+    vrank = (ctx.rank - root) % p
     tmp = None
     mask = 1
     while mask < p:
+        ctx.phase = ("tree reduce round", mask.bit_length() - 1)
         if vrank & mask:
-            send(comm, buf, (vrank - mask + root) % p, tag)
+            yield [ctx.send(buf, (vrank - mask + root) % p)]
             return
         if vrank + mask < p:
             if tmp is None:
-                tmp = scratch_like(st, "tree", buf.size, buf.dtype)
-            recv(comm, tmp, (vrank + mask + root) % p, tag)
+                tmp = ctx.scratch("tree", buf.size, buf.dtype)
+            yield [ctx.recv(tmp, (vrank + mask + root) % p)]
             red.combine(buf, buf, tmp)
         mask <<= 1
 
 
-def binomial_bcast(st, buf, root, tag):
-    p, comm = st.size, st.comm
-    vrank = (st.rank - root) % p
+def binomial_bcast(ctx, buf, root):
+    p = ctx.size
+    vrank = (ctx.rank - root) % p
     mask = 1
+    ctx.phase = "tree bcast"
     while mask < p:
         if vrank & mask:
-            recv(comm, buf, (vrank - mask + root) % p, tag)
+            yield [ctx.recv(buf, (vrank - mask + root) % p)]
             break
         mask <<= 1
     mask >>= 1
+    sends = []
     while mask:
         if vrank + mask < p:
-            send(comm, buf, (vrank + mask + root) % p, tag)
+            sends.append(ctx.send(buf, (vrank + mask + root) % p))
         mask >>= 1
+    if sends:  # all children at once: they only read buf
+        yield sends

@@ -5,6 +5,8 @@
     python -m mpicoll.bench kernels [--mib 16]     # C kernels vs numpy, no MPI needed
     mpiexec -n 4 python -m mpi4py -m mpicoll.bench compression   # fp16/bf16/top-k: time and bytes sent
     mpiexec -n 4 python -m mpi4py -m mpicoll.bench bucketing     # fused buckets vs one all-reduce per array
+    mpiexec -n 2 python -m mpi4py -m mpicoll.bench overhead      # per-call cost of every door vs MPI_Allreduce
+    mpiexec -n 2 python -m mpi4py -m mpicoll.bench overlap       # nonblocking overlap, every algorithm
 
 ``python -m mpicoll.bench allreduce --help`` lists every option.
 """
@@ -30,6 +32,10 @@ def main(argv=None) -> int:
         from .bucketing import main as bucketing_main
 
         return bucketing_main(argv[1:])
+    elif argv and argv[0] == "overhead":  # mpiexec -n 2 python -m mpi4py -m mpicoll.bench overhead
+        from .overhead import main as overhead_main
+
+        return overhead_main(argv[1:])
     elif argv and argv[0] == "overlap":  # mpiexec -n 2 python -m mpi4py -m mpicoll.bench overlap
         from .overlap import main as overlap_main
 

@@ -15,8 +15,8 @@ place and in place:
   machine);
 * algbw = bytes / time and busbw = algbw * 2(p-1)/p (the nccl-tests
   definitions; busbw is comparable across process counts);
-* ``t/native``: time over MPI_Allreduce's time in the same run (< 1:
-  faster than MPI); with ``--repeat R`` every measurement is taken R
+* ``speed-up``: MPI_Allreduce's time over this one's, in the same run
+  (> 1: faster than MPI; the JSON rows keep the inverse, ``t_over_native``); with ``--repeat R`` every measurement is taken R
   times, interleaved with the others, and the run with the lowest time
   kept, so a burst of load hurts less;
 * ``wrong``: elements that differ from MPI_Allreduce's result on a fresh
@@ -31,13 +31,10 @@ Output: an aligned table on stdout (rank 0), ``--json``, ``--csv`` and
 from __future__ import annotations
 
 import argparse
-import csv
-import json
-import math
 import platform
 import sys
 import time
-from typing import Callable, List, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 from mpi4py import MPI
@@ -54,153 +51,14 @@ from ..node import node_info
 from ..algorithms.mpi import _typed
 from ..kernels import Reduction
 
-NATIVE = "MPI_Allreduce"
+from .report import NATIVE, ROW_FIELDS  # noqa: E402
 MODES = ("out", "in")
-MAX_DEFAULT = 256 << 20
 SCHEMA = "mpicoll-bench-allreduce/1"
 STATS = {"min": np.min, "median": np.median, "avg": np.mean}
-ROW_FIELDS = ("bytes", "count", "algorithm", "mode", "chosen", "iters", "avg_us", "min_us", "max_us",
-              "median_us", "time_us", "algbw_gbs", "busbw_gbs", "t_over_native", "wrong", "bound_us", "pct_of_bound")
 
 
-# ---- sizes and iteration counts ----------------------------------------------
-
-def default_sizes(lo: int = 8, hi: int = MAX_DEFAULT, factor: int = 4) -> List[int]:
-    """lo, lo*factor, ... up to hi, and hi itself (8 B .. 256 MiB by 4x:
-    the powers of 4 times 8 stop at 128 MiB, so 256 MiB is added)."""
-    out, n = [], lo
-    while n <= hi:
-        out.append(n)
-        n *= factor
-    if out[-1] != hi:
-        out.append(hi)
-    return out
-
-
-def _parse_bytes(s: str) -> int:
-    s = s.strip().upper().rstrip("B")
-    mult = 1
-    for suffix, m in (("K", 1 << 10), ("M", 1 << 20), ("G", 1 << 30)):
-        if s.endswith(suffix):
-            s, mult = s[:-1], m
-            break
-    try:
-        v = int(s) * mult
-    except ValueError:
-        raise ValueError(f"not a size in bytes: {s!r} (examples: 8, 4K, 16M)") from None
-    if v <= 0:
-        raise ValueError(f"sizes must be positive, got {v}")
-    return v
-
-
-def parse_sizes(spec: str) -> List[int]:
-    """"8,4K,1M" (a list) or "8:64M" (8 B to 64 MiB by 4x) or "8:64M:2" (by 2x)."""
-    if ":" in spec:
-        parts = spec.split(":")
-        if len(parts) not in (2, 3):
-            raise ValueError(f"bad size range {spec!r}: use MIN:MAX or MIN:MAX:FACTOR")
-        lo, hi = _parse_bytes(parts[0]), _parse_bytes(parts[1])
-        factor = int(parts[2]) if len(parts) == 3 else 4
-        if factor < 2 or hi < lo:
-            raise ValueError(f"bad size range {spec!r}")
-        return default_sizes(lo, hi, factor)
-    return sorted({_parse_bytes(s) for s in spec.split(",") if s.strip()})
-
-
-def iterations(nbytes: int, scale: float = 1.0) -> tuple:
-    """(warm-up, timed iterations): about 64 MiB of traffic per measurement,
-    at least 5 and at most 1000 iterations; small messages need many
-    iterations to rise above timer and scheduling noise, large ones few.
-    ``measure()`` cuts the count further to a time budget."""
-    iters = int(scale * (64 << 20) / max(nbytes, 32 << 10))
-    iters = max(5, min(1000, iters))
-    return max(2, min(20, iters // 10)), iters
-
-
-# ---- the physical reference --------------------------------------------------
-
-def stream(comm, nbytes: int = 64 << 20, repeat: int = 5) -> dict:
-    """STREAM-style node memory bandwidth, every rank at once.
-
-    Each rank runs STREAM's Copy (c = a) and Add (c = a + b, float64) on
-    arrays of ``nbytes`` (larger than the caches), all ranks started
-    together by a barrier; the node's bandwidth is the bytes all ranks moved
-    (STREAM's counting: 2 arrays for Copy, 3 for Add, no write-allocate)
-    over the time until the last rank finished, best of ``repeat``. Ranks share the
-    node's memory controllers and cores exactly as they do in an all-reduce.
-    """
-    n = max(1, nbytes // 8)
-    a = np.full(n, 1.0)
-    b = np.full(n, 2.0)
-    c = np.zeros(n)
-    p = comm.Get_size()
-    out = {}
-    for name, fn, arrays in (("copy", lambda: np.copyto(c, a), 2), ("add", lambda: np.add(a, b, out=c), 3)):
-        best = math.inf
-        fn()
-        for _ in range(repeat):
-            # From one barrier to the next: the time the node needed for
-            # all ranks' work. (Each rank timing only its own kernel would
-            # overstate the bandwidth when ranks outnumber cores and run
-            # one after another.)
-            comm.Barrier()
-            t = time.perf_counter()
-            fn()
-            comm.Barrier()
-            best = min(best, comm.allreduce(time.perf_counter() - t, op=MPI.MAX))
-        out[f"{name}_gbs"] = p * arrays * n * 8 / best / 1e9
-    out["array_bytes"] = n * 8
-    out["node_gbs"] = max(out["copy_gbs"], out["add_gbs"])
-    return out
-
-
-def lower_bound(p: int, nbytes: int, node_gbs: float) -> float:
-    """Seconds no all-reduce of ``nbytes`` on ``p`` ranks of this node can beat.
-
-    Every rank must read its own input once and write the result once: at
-    least 2 p n bytes cross the node's memory system, whatever the
-    algorithm (a shared-memory all-reduce that reads each input in place
-    and writes each output directly reaches it; message passing copies
-    more). At the node's measured STREAM bandwidth B:
-
-        T_bound = 2 p n / B
-
-    Only a bandwidth bound, and only for messages larger than the caches:
-    for short messages, where latency dominates, it is far below anything
-    achievable ("% of bound" is small); for messages that stay in the
-    last-level cache (up to a few MiB) the all-reduce does not touch DRAM
-    at all and "% of bound" can exceed 100%.
-    """
-    return 2.0 * p * nbytes / (node_gbs * 1e9)
-
-
-# ---- one measurement ---------------------------------------------------------
-
-def measure(comm, fn: Callable[[], object], iters: int, warmup: int,
-            budget_s: Optional[float] = None) -> np.ndarray:
-    """The slowest rank's time of each of ``iters`` calls of ``fn``, in
-    seconds; with ``budget_s``, fewer calls (at least 5) when the warm-up
-    says ``iters`` would take longer (oversubscribed ranks can take
-    milliseconds per short message)."""
-    comm.Barrier()
-    t = time.perf_counter()
-    for _ in range(warmup):
-        fn()
-    if budget_s is not None:
-        per_call = comm.allreduce((time.perf_counter() - t) / max(warmup, 1), op=MPI.MAX)  # same on every rank
-        iters = max(5, min(iters, int(budget_s / max(per_call, 1e-9))))
-    comm.Barrier()
-    ts = np.empty(iters)
-    clock = time.perf_counter
-    t0 = clock()
-    for i in range(iters):
-        fn()
-        t1 = clock()
-        ts[i] = t1 - t0
-        t0 = t1
-    slowest = np.empty_like(ts)
-    comm.Allreduce(ts, slowest, MPI.MAX)
-    return slowest
+from .timing import (MAX_DEFAULT, default_sizes, iterations, lower_bound, measure, parse_bytes,  # noqa: F401,E402
+                     parse_sizes, stream)
 
 
 class _Case:
@@ -433,101 +291,7 @@ def run(comm=None, sizes: Optional[Sequence[int]] = None, algorithms: Optional[S
 
 # ---- output ------------------------------------------------------------------
 
-def _fmt_bytes(n: int) -> str:
-    for unit, k in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if n >= 1 << k and n % (1 << k) == 0:
-            return f"{n >> k} {unit}"
-    return f"{n} B"
-
-
-def table(result: dict, explain: bool = False) -> str:
-    meta, bw = result["meta"], result["stream"]
-    lines = [f"mpicoll {meta['mpicoll']} all-reduce, {meta['op']} {meta['dtype']}, p={meta['p']}, {meta['mpi']}",
-             f"node memory bandwidth (STREAM copy {bw['copy_gbs']:.1f} GB/s, add {bw['add_gbs']:.1f} GB/s, all ranks "
-             f"at once); bound = 2 p n / {bw['node_gbs']:.1f} GB/s; times are the slowest rank's, per call; "
-             f"time = {meta['stat']} over iterations; best of {meta['repeat']} interleaved run(s)"]
-    if meta.get("profile"):
-        lines.append(f"tuning profile: {meta['profile']}")
-    head = (f"{'size':>9} {'algorithm':<22} {'mode':<4} {'iters':>5} {'avg us':>10} {'min us':>10} {'max us':>10} "
-            f"{'time us':>10} {'algbw GB/s':>10} {'busbw GB/s':>10} {'t/native':>8} {'% bound':>7} {'wrong':>5}")
-    lines += [head, "-" * len(head)]
-    for r in result["rows"]:
-        label = r["algorithm"] if r["algorithm"] != "auto" else f"auto ({r['chosen']})"
-        wrong = "-" if r["wrong"] is None else str(r["wrong"])
-        lines.append(f"{_fmt_bytes(r['bytes']):>9} {label:<22.22} {r['mode']:<4} {r['iters']:>5} {r['avg_us']:>10.1f} "
-                     f"{r['min_us']:>10.1f} {r['max_us']:>10.1f} {r['time_us']:>10.1f} {r['algbw_gbs']:>10.3f} {r['busbw_gbs']:>10.3f} "
-                     f"{r['t_over_native']:>8.2f} {r['pct_of_bound']:>6.1f}% {wrong:>5}")
-    lines.append(summary(result))
-    if explain:
-        lines.append("auto's choices:")
-        for e in result["explain"]:
-            lines.append(f"  {_fmt_bytes(e['bytes']):>9}: {e['algorithm']} - {e['reason']}")
-    return "\n".join(lines)
-
-
-def summary(result: dict) -> str:
-    """auto vs MPI_Allreduce against the issue's targets (out of place)."""
-    small = [r["t_over_native"] for r in result["rows"]
-             if r["algorithm"] == "auto" and r["mode"] == "out" and r["bytes"] <= 4096]
-    large = [r["t_over_native"] for r in result["rows"]
-             if r["algorithm"] == "auto" and r["mode"] == "out" and r["bytes"] >= 4 << 20]
-    parts = []
-    if small:
-        parts.append(f"auto/native <= 4 KiB: geomean {math.exp(np.mean(np.log(small))):.2f} (target <= 1.25)")
-    if large:
-        parts.append(f">= 4 MiB: worst {max(large):.2f}, geomean {math.exp(np.mean(np.log(large))):.2f} "
-                     f"(target <= 1.00)")
-    return "summary (out of place): " + ("; ".join(parts) if parts else "no auto rows")
-
-
-def write_json(result: dict, path: str) -> None:
-    with open(path, "w") as f:
-        json.dump(result, f, indent=1)
-        f.write("\n")
-
-
-def write_csv(result: dict, path: str) -> None:
-    meta = result["meta"]
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=("p", "op", "dtype") + ROW_FIELDS)
-        w.writeheader()
-        for r in result["rows"]:
-            w.writerow({"p": meta["p"], "op": meta["op"], "dtype": meta["dtype"], **{k: r[k] for k in ROW_FIELDS}})
-
-
-def plot(result: dict, path: str) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise SystemExit("bench: --plot needs matplotlib (pip install 'mpicoll[plot]')") from None
-    meta = result["meta"]
-    fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(13, 5))
-    for mode, style in (("out", "-"), ("in", ":")):
-        for a in meta["algorithms"]:
-            rs = [r for r in result["rows"] if r["algorithm"] == a and r["mode"] == mode]
-            if not rs:
-                continue
-            xs = [r["bytes"] for r in rs]
-            label = f"{a} ({'in place' if mode == 'in' else 'out of place'})"
-            color = None if a != NATIVE else "black"
-            line, = ax_t.plot(xs, [r["time_us"] for r in rs], style, marker=".", label=label, color=color)
-            ax_b.plot(xs, [r["busbw_gbs"] for r in rs], style, marker=".", label=label, color=line.get_color())
-    rs = [r for r in result["rows"] if r["algorithm"] == NATIVE and r["mode"] == meta["modes"][0]]
-    ax_t.plot([r["bytes"] for r in rs], [r["bound_us"] for r in rs], "--", color="grey", label="memory bound")
-    lowest = min(r["time_us"] for r in result["rows"])
-    ax_t.set_ylim(bottom=lowest / 3)  # the bound falls far below at small sizes: do not let it set the scale
-    ax_t.set(xscale="log", yscale="log", xlabel="message size (bytes)", ylabel=f"latency ({meta['stat']}), slowest rank (us)")
-    ax_b.set(xscale="log", xlabel="message size (bytes)", ylabel="busbw (GB/s)")
-    for ax in (ax_t, ax_b):
-        ax.grid(True, which="both", alpha=0.3)
-    ax_b.legend(fontsize=7, ncol=2)
-    fig.suptitle(f"mpicoll all-reduce, {meta['op']} {meta['dtype']}, p={meta['p']} ({meta['mpi']})")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+from .report import plot, summary, table, write_csv, write_json  # noqa: E402,F401
 
 
 def main(argv=None) -> int:

@@ -1,4 +1,4 @@
-"""Communication/computation overlap of ``mpicoll.iallreduce``, OSU style:
+"""Communication/computation overlap of ``mpicoll.iallreduce``, every algorithm, OSU style:
 ``mpiexec -n 2 python -m mpi4py -m mpicoll.bench overlap``.
 
 For each message size (float32, 1-64 MiB by default), algorithm and
@@ -115,7 +115,8 @@ def blocking_time(comm, nbytes, repeat):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mpicoll.bench overlap", description=__doc__.splitlines()[0])
     ap.add_argument("--sizes-mib", default="1,2,4,8,16,32,64", help="comma-separated message sizes in MiB")
-    ap.add_argument("--algorithms", default="mpi,ring", help=f"from {', '.join(nonblocking.names())}")
+    ap.add_argument("--algorithms", default=",".join(nonblocking.names()[1:]),
+                    help=f"from {', '.join(nonblocking.names())} (default: all but auto)")
     ap.add_argument("--modes", default="thread,none", help="progress modes: thread, none")
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args(argv)

@@ -31,16 +31,15 @@ from mpi4py import MPI
 
 import mpicoll
 from mpicoll import dtypes, ops
-from mpicoll.algorithms import shm
+from mpicoll.algorithms import get as _get
+
+_shm = _get("allreduce", "shm")
 from mpicoll.comm import state
 from mpicoll.kernels import Reduction
 from mpicoll.node import node_info
 
 
-def parse_size(s: str) -> int:
-    s = s.strip().upper()
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1:], 1)
-    return int(float(s.rstrip("KMG")) * mult)
+from mpicoll.bench.timing import parse_bytes as parse_size  # noqa: E402  (one size syntax for every bench)
 
 
 def link_tx_bytes() -> int:
@@ -106,7 +105,7 @@ def main():
         for alg in args.algorithms.split(","):
             if alg.startswith("shm:"):  # shm:SYNC:CHUNK, e.g. shm:barrier:4M (the knobs' sweep)
                 _, sync, chunk = alg.split(":")
-                cands[alg] = (lambda sy, cb: lambda: shm.allreduce(st, out, red, src=x, chunk_bytes=cb, sync=sy))(
+                cands[alg] = (lambda sy, cb: lambda: _shm(st, out, red, x, chunk_bytes=cb, sync=sy))(
                     sync, parse_size(chunk))
                 continue
             label = alg if alg != "auto" else f"auto ({mpicoll.explain(x.nbytes, comm=comm).name})"

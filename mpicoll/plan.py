@@ -1,0 +1,671 @@
+"""The plan layer: one path from a call's arguments to a validated plan.
+
+Every front door - the functions (``mpicoll.allreduce``...), the
+nonblocking ``i*`` forms, the persistent ``*_init`` forms, ``mpicoll.Comm``,
+compression and the bucketer - builds its call through the functions here,
+so all of them accept and reject exactly the same things, with the same
+messages. A plan is built in three stages, always in this order:
+
+1. **local checks** (no message sent): the arguments, the environment
+   (``MPICOLL_ALGORITHM``, ``MPICOLL_CHECK``, ``MPICOLL_TIMEOUT``), the
+   ``check`` flag, the output buffer, op and dtype, the algorithm's name
+   and knobs. A mistake raises TypeError/ValueError on the rank that made
+   it, before anything collective happens, so the others are not left
+   waiting inside a collective that one rank never entered;
+2. **the communicator's state** (``comm.state``: a collective Dup on first
+   use, which also settles the tuning profile and node layout every rank
+   agrees on);
+3. **the decision** ("auto" resolved by ``select`` from facts identical on
+   every rank), the optional pre-flight agreement check (``check=True``),
+   and the algorithm's collective set-up (``prepare``: a shared-memory
+   window).
+
+The plan then runs under one of the drivers (``mpicoll.schedule``): blocking
+(``Plan.run``), nonblocking (``Plan.start`` -> ``engine.Request``), or as a
+persistent request (``Persistent``: validation, decision and scratch
+settled once, ``start()``/``wait()`` many times).
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from . import _env, buffers, select
+from . import algorithms as _alg
+from . import check as _check
+from . import engine
+from . import ops as _ops
+from . import schedule as _sched
+from .algorithms import mpi as _mpi
+from .algorithms.common import block_bounds, counts_to_bounds
+from .comm import check_intracomm, state
+from .kernels import Reduction
+
+ENV_ALGORITHM = "MPICOLL_ALGORITHM"
+ENV_TIMEOUT = "MPICOLL_TIMEOUT"
+
+# ---- local checks -------------------------------------------------------------
+
+_reductions = {}
+
+
+def reduction(op, dt) -> Reduction:
+    """The validated Reduction for (op, dtype), cached: small all-reduces are
+    latency-bound and building one costs about a microsecond."""
+    key = (op, dt.code) if isinstance(op, str) else None
+    red = _reductions.get(key) if key else None
+    if red is None:
+        red = Reduction(_ops.resolve(op), dt)  # raises if op is not defined for dt
+        if key:
+            _reductions[key] = red
+    return red
+
+
+_settings = {}
+
+
+def env_settings():
+    """(forced algorithm or None, check from env, timeout from env), validated;
+    memoised on the raw values (read on every call)."""
+    raw = (_env.get(ENV_ALGORITHM), _env.get(_check.ENV_CHECK), _env.get(ENV_TIMEOUT))
+    got = _settings.get(raw)
+    if got is None:
+        forced, chk, tmo = raw
+        forced = forced.strip() if forced else None
+        if forced and forced != "auto" and not any(_alg.has(c, forced) for c in _alg.COLLECTIVES):
+            raise ValueError(f"mpicoll: {ENV_ALGORITHM}={forced!r} is not a known algorithm; "
+                             f"all-reduce algorithms: {', '.join(_alg.names('allreduce'))}")
+        env_check = _check.enabled(None)  # raises on a bad MPICOLL_CHECK
+        timeout = None
+        if tmo is not None and tmo.strip().lower() not in ("", "0", "none", "off"):
+            try:
+                timeout = float(tmo)
+            except ValueError:
+                raise ValueError(f"mpicoll: {ENV_TIMEOUT}={tmo!r}; use a number of seconds (0 or unset: no "
+                                 "timeout)") from None
+            if not timeout > 0:
+                raise ValueError(f"mpicoll: {ENV_TIMEOUT}={tmo!r}; use a positive number of seconds")
+        got = _settings[raw] = (forced or None, env_check, timeout)
+        if len(_settings) > 64:
+            _settings.clear()
+            _settings[raw] = got
+    return got
+
+
+def requested(collective: str, algorithm, forced) -> str:
+    """The algorithm name asked for, validated (no MPI calls). The environment's
+    forced name applies to every collective that has an algorithm of that name."""
+    if not isinstance(algorithm, str):
+        raise TypeError(f"mpicoll: algorithm must be a name, not {type(algorithm).__name__}")
+    if forced and (forced == "auto" or _alg.has(collective, forced)):
+        return forced
+    if algorithm != "auto":
+        _alg.get(collective, algorithm)  # ValueError if unknown
+    return algorithm
+
+
+def check_flag(check, env_check) -> bool:
+    if check is None:
+        return env_check
+    if not isinstance(check, bool):
+        raise TypeError(f"mpicoll: check must be True, False or None, not {type(check).__name__}")
+    return check
+
+
+def timeout_of(timeout, env_timeout):
+    if timeout is None:
+        return env_timeout
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float, np.integer, np.floating)):
+        raise TypeError(f"mpicoll: timeout must be a number of seconds or None, not {type(timeout).__name__}")
+    timeout = float(timeout)
+    if not timeout > 0:
+        raise ValueError(f"mpicoll: timeout must be positive (seconds), not {timeout}")
+    return timeout
+
+
+def root_of(root, size: int) -> int:
+    if not isinstance(root, (int, np.integer)) or isinstance(root, bool):
+        raise TypeError(f"mpicoll: root must be an int, not {type(root).__name__}")
+    if not 0 <= root < size:
+        raise ValueError(f"mpicoll: root {root} out of range for a communicator of size {size}")
+    return int(root)
+
+
+def knobs_of(entry, knobs) -> dict:
+    if knobs:
+        entry.check_knobs(knobs)
+    return knobs or {}
+
+
+# ---- the plan ---------------------------------------------------------------------
+
+class Plan:
+    """One validated collective call, ready to run.
+
+    ``schedule(ctx)`` makes the schedule generator; ``prologue()`` runs at
+    every (re)start before it (copy the input into a work buffer),
+    ``finish()`` after it (avg's scaling, copies out); both may be None.
+    """
+
+    __slots__ = ("st", "collective", "algorithm", "nbytes", "result", "schedule", "prologue", "finish",
+                 "timeout", "pool", "native", "check_sig", "entry")
+
+    def __init__(self, st, collective, algorithm, nbytes, result, schedule, *, prologue=None, finish=None,
+                 timeout=None, native=None):
+        self.st = st
+        self.collective = collective
+        self.algorithm = algorithm
+        self.nbytes = nbytes
+        self.result = result
+        self.schedule = schedule
+        self.prologue = prologue
+        self.finish = finish
+        self.timeout = timeout
+        self.pool = None  # scratch: st.pool when blocking, own dict when nonblocking/persistent
+        self.native = native  # schedule.NativeCall for the MPI library's collective (fast paths)
+        self.check_sig = False  # the pre-flight check ran when the plan was built (per call: not reusable)
+
+    def _context(self, pool):
+        st = self.st
+        seq = st.seq  # next_seq(), inlined: this is the per-call path
+        st.seq = seq + 1
+        return _sched.Context(st, 1 + seq % st.tag_span, pool, (self.collective, self.algorithm, self.nbytes, seq))
+
+    def run(self):
+        """Blocking."""
+        if self.prologue is not None:
+            self.prologue()
+        if self.schedule is not None:
+            if self.native is not None and self.timeout is None:
+                self.st.seq += 1  # the call's number, for the flight recorder
+                self.native.blocking()
+                if self.native.after is not None:
+                    self.native.after()
+            else:
+                deadline = None if self.timeout is None else time.monotonic() + self.timeout
+                _sched.run(self.schedule(self._context(self.pool if self.pool is not None else self.st.pool)),
+                           deadline)
+        if self.finish is not None:
+            self.finish()
+        return self.result
+
+    def start(self, pool=None) -> engine.Request:
+        """Nonblocking: the request runs the schedule under the progress engine."""
+        if self.prologue is not None:
+            self.prologue()
+        if self.schedule is None:
+            if self.finish is not None:
+                self.finish()
+            return engine.Request.completed(self.result)
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        finish = self.finish
+        if pool is None:
+            # Scratch of completed nonblocking calls is reused (a fresh 16 MiB
+            # temporary costs about as much in page faults as reducing it).
+            idle = self.st.idle_pools
+            pool = idle.pop() if idle else {}
+            done = finish
+
+            def finish():
+                if done is not None:
+                    done()
+                if len(idle) < 4:
+                    idle.append(pool)
+
+        gen = self.schedule(self._context(pool))
+        return engine.start(gen, self.result, finish, deadline, self.nbytes)
+
+
+def _finish(st, red, flat):
+    """avg's division after the sum, or nothing."""
+    if red.op.average:
+        size = st.size
+        return lambda: red.finish(flat, size)
+    return None
+
+
+def _settle(st, collective, name, entry, knobs, buf, check_on, sig):
+    """Stage 3 after the decision: pre-flight agreement, then collective set-up."""
+    if check_on:
+        _check.preflight(st, collective, True, algorithm=name, **sig)
+    if entry is not None and entry.prepare is not None and st.size > 1:
+        entry.prepare(st, buf, **knobs)
+
+
+def options(collective, algorithm, check, timeout, knobs):
+    """The local checks every collective shares: (algorithm name asked for,
+    its registry entry or None for "auto", knobs, check on?, timeout)."""
+    forced, env_check, env_timeout = env_settings()
+    check_on = check_flag(check, env_check)
+    timeout = timeout_of(timeout, env_timeout)
+    name = requested(collective, algorithm, forced)
+    entry = None if name == "auto" else _alg.get(collective, name)
+    knobs = knobs_of(entry, knobs) if entry is not None else {}
+    return name, entry, knobs, check_on, timeout
+
+
+def _decide(st, collective, name, entry, knobs, buf, check_on, sig, native_dtype=True):
+    """Stage 3 for the collectives other than allreduce: "auto" resolved by
+    select.simple, then _settle. Returns (name, entry)."""
+    if st.size == 1:
+        name = "mpi" if name == "auto" else name
+        if check_on:
+            _check.preflight(st, collective, True, algorithm=name, **sig)
+        return name, entry
+    if entry is None:
+        name = select.simple(collective, st.size, buf.nbytes, native_dtype=native_dtype).name
+        entry = _alg.get(collective, name)
+    _settle(st, collective, name, entry, knobs, buf, check_on, sig)
+    return name, entry
+
+
+def _blocking_pool(plan, nonblocking):
+    if not nonblocking:
+        plan.pool = plan.st.pool
+    return plan
+
+
+# ---- allreduce --------------------------------------------------------------------
+
+_NO_KNOBS = {}
+
+
+def allreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", dtype=None, compression=None,
+              reproducible=False, check=None, timeout=None, knobs=None, nonblocking=False) -> Plan:
+    """The plan of an all-reduce (see mpicoll.allreduce for the arguments)."""
+    forced, env_check, env_timeout = env_settings()
+    check_on = check_flag(check, env_check)
+    plan = _allreduce(x, op, comm, out, algorithm, dtype, compression, reproducible, check_on, timeout, knobs,
+                      nonblocking, forced, env_timeout)
+    plan.check_sig = check_on
+    return plan
+
+
+def _allreduce(x, op, comm, out, algorithm, dtype, compression, reproducible, check_on, timeout, knobs,
+               nonblocking, forced, env_timeout) -> Plan:
+    timeout = timeout_of(timeout, env_timeout)
+    if not isinstance(reproducible, bool):
+        raise TypeError(f"mpicoll: reproducible must be a bool, not {type(reproducible).__name__}")
+    if compression is not None:
+        return _compressed(x, op, comm, out, algorithm, dtype, compression, reproducible, check_on, timeout,
+                           forced, nonblocking)
+    arr, dt = buffers.as_reducible(x, dtype)
+    red = reduction(op, dt)
+    name = requested("allreduce", algorithm, forced)
+    entry = None if name == "auto" else _alg.get("allreduce", name)
+    knobs = knobs_of(entry, knobs) if entry is not None else (knobs or {})
+    if knobs and entry is None:
+        raise ValueError("mpicoll: knobs need a named algorithm, not 'auto'")
+    comm = check_intracomm(comm)
+    if out is None:
+        result = np.empty(arr.shape, arr.dtype)
+        src = buffers.storage(arr, dt)
+    else:
+        result = buffers.output(out, arr.shape, arr.dtype)
+        src = None if buffers.same_memory(result, arr) else buffers.storage(arr, dt)
+    flat = buffers.storage(result, dt)
+    # -- stage 2 --
+    st = state(comm)
+    p = st.size
+    native = dt.mpi is not None
+    # -- stage 3 --
+    if p == 1:
+        name = "mpi" if name == "auto" else name
+        if check_on:
+            _check.preflight(st, "allreduce", True, count=arr.size, dtype=dt.name, op=red.op.name, algorithm=name)
+
+        def copy():
+            if src is not None:
+                flat[...] = src
+
+        return Plan(st, "allreduce", name, flat.nbytes, result, None, prologue=copy, finish=_finish(st, red, flat),
+                    timeout=timeout)
+    if reproducible:
+        from .algorithms import reproducible as _rep
+
+        name = "reproducible"
+        _settle(st, "allreduce", name, None, {}, flat, check_on,
+                dict(count=arr.size, dtype=dt.name, op=red.op.name))
+        _rep.prepare(st, flat)
+        plan = Plan(st, "allreduce", name, flat.nbytes, result, lambda ctx: _rep.allreduce(ctx, flat, red, src),
+                    finish=_finish(st, red, flat), timeout=timeout)
+        return _blocking_pool(plan, nonblocking)
+    if entry is None:
+        c = select.allreduce(p, flat.nbytes, red.op.name, dt.name, native_dtype=native, profile=st.profile,
+                             ranks_per_node=st.ranks_per_node, nodes=st.nodes)
+        name = c.name
+        entry = _alg.get("allreduce", name)
+        knobs = {"segment_bytes": c.segment_bytes} if c.segment_bytes and "segment_bytes" in entry.knobs \
+            else _NO_KNOBS
+    _settle(st, "allreduce", name, entry, knobs, flat, check_on, dict(count=arr.size, dtype=dt.name, op=red.op.name))
+    sched = entry.schedule
+    plan = Plan(st, "allreduce", name, flat.nbytes, result,
+                (lambda ctx: sched(ctx, flat, red, src, **knobs)) if knobs else (lambda ctx: sched(ctx, flat, red, src)),
+                finish=_finish(st, red, flat), timeout=timeout)
+    if entry.native is not None:
+        plan.native = entry.native(st.comm, flat, red, src)
+    return _blocking_pool(plan, nonblocking)
+
+
+def _compressed(x, op, comm, out, algorithm, dtype, compression, reproducible, check_on, timeout, forced,
+                nonblocking) -> Plan:
+    from . import compression as _compression
+
+    if reproducible:
+        raise ValueError("mpicoll: compression is lossy; it cannot be combined with reproducible=True")
+    arr = buffers.as_array(x)
+    if dtype is not None and np.dtype(dtype) != arr.dtype:
+        raise TypeError(f"mpicoll: compression applies to float32 and float64 data, not dtype={dtype!r}")
+    o, c = _compression.check_args(arr, op, compression)
+    if not isinstance(algorithm, str):
+        raise TypeError(f"mpicoll: algorithm must be a name, not {type(algorithm).__name__}")
+    if algorithm != "auto":
+        raise ValueError(f"mpicoll: compression {c.name!r} chooses its own algorithm; algorithm must be 'auto'")
+    comm = check_intracomm(comm)
+    result = buffers.output(out, arr.shape, arr.dtype)
+    buffers.same_memory(result, arr)  # ValueError on a partial overlap; in place is fine
+    st = state(comm)
+    name = f"compressed-{c.name}"
+    if check_on:
+        _check.preflight(st, "allreduce", True, count=arr.size, dtype=arr.dtype.str, op=o.name, algorithm=name)
+    src, dst = arr.reshape(-1), result.reshape(-1)
+    plan = Plan(st, "allreduce", name, dst.nbytes, result,
+                lambda ctx: _compression.schedule(ctx, src, dst, o.average, c), timeout=timeout)
+    return _blocking_pool(plan, nonblocking)
+
+
+# ---- reduce_scatter -----------------------------------------------------------------
+
+def reduce_scatter(x, op="sum", *, comm=None, counts=None, out=None, algorithm="auto", dtype=None, check=None,
+                   timeout=None, knobs=None, nonblocking=False) -> Plan:
+    name, entry, knobs, check_on, timeout = options("reduce_scatter", algorithm, check, timeout, knobs)
+    arr, dt = buffers.as_reducible(x, dtype)
+    red = reduction(op, dt)
+    comm = check_intracomm(comm)
+    p, rank = comm.Get_size(), comm.Get_rank()
+    n = arr.size
+    if counts is None:
+        bounds = block_bounds(n, p)
+    else:
+        try:
+            counts = [int(c) for c in counts]
+        except (TypeError, ValueError):
+            raise TypeError(f"mpicoll: counts must be a sequence of ints, not {counts!r}") from None
+        if len(counts) != p or any(c < 0 for c in counts) or sum(counts) != n:
+            raise ValueError(f"mpicoll: counts must be {p} non-negative block lengths adding up to {n}, got {counts}")
+        bounds = counts_to_bounds(counts)
+    a, b = bounds[rank]
+    result = buffers.output(out, (b - a,), arr.dtype)
+    flat = buffers.storage(result, dt)
+    srcflat = buffers.storage(arr, dt)
+    st = state(comm)
+    pool = {} if nonblocking else st.pool
+    # The algorithms reduce in place: never in the caller's input.
+    work = _sched.Context(st, 0, pool).scratch("reduce_scatter", srcflat.size, srcflat.dtype) if p > 1 else srcflat
+    name, entry = _decide(st, "reduce_scatter", name, entry, knobs, work, check_on,
+                          dict(count=n, dtype=dt.name, op=red.op.name, counts=counts), dt.mpi is not None)
+
+    def prologue():
+        if work is not srcflat:
+            work[...] = srcflat
+
+    def finish():
+        flat[...] = work[a:b]
+        red.finish(flat, p)
+
+    sched = None
+    if p > 1:
+        s = entry.schedule
+        sched = lambda ctx: s(ctx, work, red, bounds, **knobs)  # noqa: E731
+    plan = Plan(st, "reduce_scatter", name, srcflat.nbytes, result, sched, prologue=prologue, finish=finish,
+                timeout=timeout)
+    plan.pool = pool
+    if p > 1 and name == "mpi":
+        longest = max(hi - lo for lo, hi in bounds)
+        plan.native = _mpi.reduce_scatter_call(st.comm, work, red, bounds,
+                                               _sched.Context(st, 0, pool).scratch("mpi_rs", longest, work.dtype))
+    return plan
+
+
+# ---- allgather ----------------------------------------------------------------------
+
+def allgather(x, *, comm=None, out=None, algorithm="auto", check=None, timeout=None, knobs=None,
+              nonblocking=False) -> Plan:
+    name, entry, knobs, check_on, timeout = options("allgather", algorithm, check, timeout, knobs)
+    arr = buffers.as_array(x)
+    comm = check_intracomm(comm)
+    p, rank = comm.Get_size(), comm.Get_rank()
+    result = buffers.output(out, (p,) + arr.shape, arr.dtype)
+    flat = buffers.as_bytes(result)
+    mine = buffers.as_bytes(arr)
+    if np.may_share_memory(flat, mine) and mine.size:
+        raise ValueError("mpicoll: x overlaps out (allgather places x in row rank of out itself)")
+    return allgather_bytes(comm, flat, mine, rank, p, name, entry, knobs, check_on, timeout, result,
+                           dict(count=arr.size, dtype=(arr.dtype.str, arr.shape)), nonblocking)
+
+
+def allgather_bytes(comm, flat, mine, rank, p, name, entry, knobs, check_on, timeout, result, sig, nonblocking,
+                    in_place=False) -> Plan:
+    """Allgather of equal byte blocks of ``flat``; ``mine`` is copied into
+    block ``rank`` first unless ``in_place`` (the drop-in's MPI.IN_PLACE)."""
+    block = flat.size // p if p else 0
+    bounds = [(i * block, (i + 1) * block) for i in range(p)] if p * block == flat.size \
+        else block_bounds(flat.size, p)
+    a, b = bounds[rank]
+    st = state(comm)
+    name, entry = _decide(st, "allgather", name, entry, knobs, flat, check_on, sig)
+
+    def prologue():
+        if not in_place:
+            flat[a:b] = mine
+
+    sched = None
+    if p > 1 and flat.size:
+        s = entry.schedule
+        sched = lambda ctx: s(ctx, flat, bounds, **knobs)  # noqa: E731
+    plan = Plan(st, "allgather", name, flat.nbytes, result, sched, prologue=prologue, timeout=timeout)
+    if sched is not None and name == "mpi":
+        plan.native = _mpi.allgather_call(st.comm, flat, bounds)
+    return _blocking_pool(plan, nonblocking)
+
+
+# ---- bcast ----------------------------------------------------------------------------
+
+def bcast(x, root=0, *, comm=None, algorithm="auto", check=None, timeout=None, knobs=None,
+          nonblocking=False) -> Plan:
+    name, entry, knobs, check_on, timeout = options("bcast", algorithm, check, timeout, knobs)
+    if isinstance(x, np.ndarray) and not x.flags.c_contiguous:
+        raise ValueError("mpicoll: bcast writes in place, so x must be C-contiguous")
+    arr = buffers.as_array(x)
+    if not arr.flags.writeable:
+        raise ValueError("mpicoll: bcast writes in place, so x must be writable")
+    comm = check_intracomm(comm)
+    root = root_of(root, comm.Get_size())
+    return bcast_bytes(comm, buffers.as_bytes(arr), root, name, entry, knobs, check_on, timeout, x,
+                       dict(count=arr.size, dtype=arr.dtype.str, root=root), nonblocking)
+
+
+def bcast_bytes(comm, data, root, name, entry, knobs, check_on, timeout, result, sig, nonblocking) -> Plan:
+    st = state(comm)
+    p = st.size
+    name, entry = _decide(st, "bcast", name, entry, knobs, data, check_on, sig)
+    sched = None
+    if p > 1 and data.size:
+        s = entry.schedule
+        sched = lambda ctx: s(ctx, data, root, **knobs)  # noqa: E731
+    plan = Plan(st, "bcast", name, data.nbytes, result, sched, timeout=timeout)
+    if sched is not None and name == "mpi":
+        plan.native = _mpi.bcast_call(st.comm, data, root)
+    return _blocking_pool(plan, nonblocking)
+
+
+# ---- reduce ---------------------------------------------------------------------------
+
+def reduce(x, op="sum", root=0, *, comm=None, out=None, algorithm="auto", dtype=None, check=None, timeout=None,
+           knobs=None, nonblocking=False) -> Plan:
+    name, entry, knobs, check_on, timeout = options("reduce", algorithm, check, timeout, knobs)
+    arr, dt = buffers.as_reducible(x, dtype)
+    red = reduction(op, dt)
+    comm = check_intracomm(comm)
+    root = root_of(root, comm.Get_size())
+    is_root = comm.Get_rank() == root
+    result = buffers.output(out, arr.shape, arr.dtype) if is_root else None
+    src = buffers.storage(arr, dt)
+    st = state(comm)
+    p = st.size
+    pool = {} if nonblocking else st.pool
+    if is_root:
+        work = buffers.storage(result, dt)
+        copy_in = not buffers.same_memory(result, arr)
+    else:  # the algorithms overwrite their buffer: never the caller's input
+        work = _sched.Context(st, 0, pool).scratch("reduce", src.size, src.dtype)
+        copy_in = True
+    name, entry = _decide(st, "reduce", name, entry, knobs, work, check_on,
+                          dict(count=arr.size, dtype=dt.name, op=red.op.name, root=root), dt.mpi is not None)
+
+    def prologue():
+        if copy_in:
+            work[...] = src
+
+    sched = None
+    if p > 1:
+        s = entry.schedule
+        sched = lambda ctx: s(ctx, work, red, root, **knobs)  # noqa: E731
+    plan = Plan(st, "reduce", name, work.nbytes, result, sched, prologue=prologue,
+                finish=_finish(st, red, work) if is_root else None, timeout=timeout)
+    plan.pool = pool
+    if p > 1 and name == "mpi":
+        plan.native = _mpi.reduce_call(st.comm, work, red, root)
+    return plan
+
+
+# ---- persistent requests ------------------------------------------------------------
+
+class Persistent:
+    """A persistent collective (MPI-4 ``MPI_Allreduce_init`` semantics).
+
+    Built once by ``mpicoll.allreduce_init`` (and the other ``*_init``):
+    arguments validated, algorithm decided, scratch and (for ``mpi``) the MPI
+    library's own persistent request created, all once. Then, as often as
+    needed and in the same order on every rank: ``start()``, and ``wait()``
+    (returns the result) or ``test()``; calling the request does both. The
+    buffers are bound at creation: write the new input into them between
+    runs. ``Start``/``Wait``/``Test`` are mpi4py's spellings; ``free()``
+    releases the MPI request.
+    """
+
+    def __init__(self, plan: Plan):
+        self._plan = plan
+        self._pool = {}
+        self._req = None  # the active engine.Request
+        self._mpi = None  # MPI.Prequest of the native persistent collective
+        if plan.schedule is not None and plan.native is not None and plan.native.init is not None:
+            self._mpi = plan.native.init()
+        self._active = False
+
+    @property
+    def algorithm(self) -> str:
+        return self._plan.algorithm
+
+    @property
+    def result(self):
+        return self._plan.result
+
+    def start(self) -> None:
+        if self._active:
+            raise RuntimeError("mpicoll: persistent request started again before it completed (wait() first)")
+        plan = self._plan
+        self._active = True
+        if self._mpi is not None:
+            if plan.prologue is not None:
+                plan.prologue()
+            plan.st.seq += 1
+            self._mpi.Start()
+            self._deadline = None if plan.timeout is None else time.monotonic() + plan.timeout
+        else:
+            self._req = plan.start(self._pool)
+
+    def wait(self):
+        if not self._active:
+            return self._plan.result  # MPI: waiting on an inactive persistent request returns at once
+        plan = self._plan
+        try:
+            if self._mpi is not None:
+                if plan.timeout is None:
+                    self._mpi.Wait()
+                else:
+                    self._wait_deadline()
+                if plan.native.after is not None:
+                    plan.native.after()
+                if plan.finish is not None:
+                    plan.finish()
+            else:
+                self._req.wait()
+        finally:
+            self._active = False
+            self._req = None
+        return plan.result
+
+    def _wait_deadline(self) -> None:
+        while not self._mpi.Test():
+            if time.monotonic() >= self._deadline:
+                st, plan = self._plan.st, self._plan
+                raise _sched.CollectiveTimeout(
+                    f"mpicoll: {plan.collective} timed out on rank {st.rank}: algorithm {plan.algorithm} "
+                    f"(the MPI library's persistent collective), {plan.nbytes} B, call #{st.seq - 1} on this "
+                    "communicator. A rank probably skipped this call, called another collective, or died.",
+                    collective=plan.collective, algorithm=plan.algorithm, step="-", peers=[], nbytes=plan.nbytes,
+                    seq=st.seq - 1, rank=st.rank)
+            time.sleep(0)
+
+    def test(self) -> bool:
+        if not self._active:
+            return True
+        if self._mpi is not None:
+            if not self._mpi.Test():
+                if self._plan.timeout is not None and time.monotonic() >= self._deadline:
+                    self._wait_deadline()
+                return False
+            self._mpi_done()
+            return True
+        if self._req.test():
+            self._active = False
+            self._req = None
+            return True
+        return False
+
+    def _mpi_done(self) -> None:
+        plan = self._plan
+        self._active = False
+        if plan.native.after is not None:
+            plan.native.after()
+        if plan.finish is not None:
+            plan.finish()
+
+    def __call__(self):
+        self.start()
+        return self.wait()
+
+    def free(self) -> None:
+        if self._active:
+            self.wait()
+        if self._mpi is not None and not MPI.Is_finalized():
+            self._mpi.Free()
+        self._mpi = None
+
+    Start = start
+
+    def Wait(self, status=None):  # noqa: N802 (mpi4py's spelling)
+        self.wait()
+        return True
+
+    def Test(self, status=None) -> bool:  # noqa: N802
+        return self.test()
+
+    def Free(self):  # noqa: N802
+        self.free()
+
+    def __repr__(self):
+        return f"<mpicoll persistent {self._plan.collective}/{self._plan.algorithm} {'active' if self._active else 'inactive'}>"
