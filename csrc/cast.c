@@ -140,8 +140,16 @@ typedef void (*from32_fn)(uint16_t *, const float *, size_t);
 
 static struct { to32_fn to32; from32_fn from32; const char *isa; } f16_impl;
 
-/* Resolved on first use.  Two threads racing here store the same values, so
- * no lock is needed. */
+/* Resolved once, by the dynamic loader, while the extension is being loaded
+ * (dlopen runs constructors before it returns), so no caller can see the
+ * table half-filled.  Resolving lazily on first call instead would race:
+ * cffi releases the GIL around these calls, the progress thread and the main
+ * thread can both arrive first, and plain stores give no ordering, so one
+ * thread could see isa set before the function pointers it guards.
+ * GCC's own target_clones resolvers run at the same point (ifuncs), for the
+ * same reason.  __builtin_cpu_init is required this early: libgcc's CPU
+ * model may not be initialised yet when a constructor runs. */
+__attribute__((constructor))
 static void f16_resolve(void)
 {
     to32_fn to32 = f16_to_f32_generic;
@@ -162,19 +170,16 @@ static void f16_resolve(void)
 
 void mpicoll_f16_to_f32(float *dst, const uint16_t *src, size_t n)
 {
-    if (!f16_impl.isa) f16_resolve();
     f16_impl.to32(dst, src, n);
 }
 
 void mpicoll_f32_to_f16(uint16_t *dst, const float *src, size_t n)
 {
-    if (!f16_impl.isa) f16_resolve();
     f16_impl.from32(dst, src, n);
 }
 
 const char *mpicoll_isa(void)
 {
-    if (!f16_impl.isa) f16_resolve();
     return f16_impl.isa;
 }
 
@@ -183,8 +188,15 @@ const char *mpicoll_isa(void)
 MPICOLL_CLONES
 void mpicoll_bf16_to_f32(float *dst, const uint16_t *src, size_t n)
 {
-    uint32_t *d = (uint32_t *)dst;
-    for (size_t i = 0; i < n; i++) d[i] = (uint32_t)src[i] << 16;
+    /* memcpy is the defined way to store integer bits into a float object
+     * (a uint32_t * store into float storage breaks the aliasing rules); GCC
+     * turns it into a plain move and still vectorises the loop.  Bits are
+     * copied memory to memory, never through a float register, so a
+     * signalling NaN arrives unchanged. */
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)src[i] << 16;
+        memcpy(dst + i, &u, sizeof u);
+    }
 }
 
 /* Round to nearest even on the dropped 16 bits; NaN keeps its sign and top
@@ -193,9 +205,9 @@ void mpicoll_bf16_to_f32(float *dst, const uint16_t *src, size_t n)
 MPICOLL_CLONES
 void mpicoll_f32_to_bf16(uint16_t *dst, const float *src, size_t n)
 {
-    const uint32_t *s = (const uint32_t *)src;
     for (size_t i = 0; i < n; i++) {
-        uint32_t x = s[i];
+        uint32_t x;
+        memcpy(&x, src + i, sizeof x);  /* the bits, as in mpicoll_bf16_to_f32 */
         uint16_t rounded = (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
         uint16_t quiet_nan = (uint16_t)((x >> 16) | 0x0040u);
         dst[i] = (x & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded;

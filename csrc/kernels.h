@@ -9,6 +9,10 @@
  * Nothing here knows about MPI. Every function takes element counts as size_t
  * and touches exactly n elements of each buffer it is given; the Python
  * wrappers in mpicoll/kernels.py check that each buffer is that long.
+ * Buffers must be aligned to their element size (a misaligned access through
+ * a typed pointer is undefined behaviour in C, and numpy views can start at
+ * any byte): the functions returning a status refuse misaligned buffers with
+ * MPICOLL_EALIGN, before touching anything.
  */
 #ifndef MPICOLL_KERNELS_H
 #define MPICOLL_KERNELS_H
@@ -37,7 +41,8 @@ enum mpicoll_status {
     MPICOLL_EDTYPE = -1,      /* dtype code out of range */
     MPICOLL_EOP = -2,         /* op code out of range */
     MPICOLL_EOPDTYPE = -3,    /* op not defined for this dtype (band on float) */
-    MPICOLL_EARG = -4         /* bad argument (k < 1, non-float dtype for scale) */
+    MPICOLL_EARG = -4,        /* bad argument (k < 1, non-float dtype for scale) */
+    MPICOLL_EALIGN = -5       /* a buffer's address is not a multiple of the element size */
 };
 
 /* dst[i] = a[i] OP b[i] for i < n.  dst may be the same pointer as a or b

@@ -140,12 +140,20 @@ static int lookup(int op, int dtype, mpicoll_binop_fn *fn)
     return *fn ? MPICOLL_OK : MPICOLL_EOPDTYPE;
 }
 
+/* One OR of the addresses tests all of them: itemsizes are powers of two. */
+static int misaligned(uintptr_t addr_bits, int dtype)
+{
+    return (addr_bits & (itemsize[dtype] - 1)) != 0;
+}
+
 int mpicoll_reduce(int op, int dtype, void *dst, const void *a, const void *b, size_t n)
 {
     mpicoll_binop_fn fn;
     int rc = lookup(op, dtype, &fn);
-    if (rc == MPICOLL_OK && n > 0) fn(dst, a, b, n);
-    return rc;
+    if (rc != MPICOLL_OK) return rc;
+    if (misaligned((uintptr_t)dst | (uintptr_t)a | (uintptr_t)b, dtype)) return MPICOLL_EALIGN;
+    if (n > 0) fn(dst, a, b, n);
+    return MPICOLL_OK;
 }
 
 /* One pass over memory for k inputs: walk the vector in cache-sized chunks
@@ -158,6 +166,9 @@ int mpicoll_reduce_many(int op, int dtype, void *dst, const void *const *srcs, i
     int rc = lookup(op, dtype, &fn);
     if (rc != MPICOLL_OK) return rc;
     if (k < 1) return MPICOLL_EARG;
+    uintptr_t addr_bits = (uintptr_t)dst;
+    for (int j = 0; j < k; j++) addr_bits |= (uintptr_t)srcs[j];
+    if (misaligned(addr_bits, dtype)) return MPICOLL_EALIGN;
     size_t sz = itemsize[dtype];
     if (k == 1) {
         if (dst != srcs[0] && n) memmove(dst, srcs[0], n * sz);
@@ -204,6 +215,7 @@ static void scale_half(uint16_t *buf, size_t n, float d, to32_fn to32, from32_fn
  * is what numpy's mean-by-hand (x / p) gives. The loop is memory-bound. */
 int mpicoll_scale(int dtype, void *buf, size_t n, double divisor)
 {
+    if (dtype >= 0 && dtype < MPICOLL_NDTYPES && misaligned((uintptr_t)buf, dtype)) return MPICOLL_EALIGN;
     switch (dtype) {
     case MPICOLL_FLOAT32: scale_f32((float *)buf, n, (float)divisor); return MPICOLL_OK;
     case MPICOLL_FLOAT64: scale_f64((double *)buf, n, divisor); return MPICOLL_OK;

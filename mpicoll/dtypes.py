@@ -8,14 +8,20 @@ and the result comes back as uint16 holding bfloat16 bits.
 Algorithms never see numpy's view of the element type: they move and reduce
 the *storage* array (``DType.storage``, uint16 for both 16-bit float types),
 and pass the ``DType`` to the kernels, which know the real type.
+
+This module does not import mpi4py (see mpicoll/mpitypes.py): ``DType.mpi``
+is looked up on first access, ``DType.native`` answers "does MPI have this
+type" without it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Optional
 
 import numpy as np
-from mpi4py import MPI
+
+from ._kernels import lib
 
 try:  # optional: a real bfloat16 numpy dtype
     import ml_dtypes as _ml_dtypes
@@ -30,10 +36,22 @@ class DType:
     """One element type: its name, kernel code, storage dtype and MPI datatype."""
 
     name: str
-    code: int  # enum mpicoll_dtype in csrc/kernels.h
+    code: int  # enum mpicoll_dtype in csrc/kernels.h, read from the built library
     kind: str  # "int", "uint" or "float"
     storage: np.dtype  # what the bytes are moved and held as
-    mpi: Optional[MPI.Datatype]  # predefined MPI type, None if MPI has none
+    native: bool  # MPI has a predefined datatype for it (all but float16, bfloat16)
+
+    # The predefined MPI.Datatype, None where MPI has none. cached_property
+    # stores the value in the instance __dict__ (bypassing the frozen
+    # __setattr__), where it then shadows the descriptor: every access after
+    # the first is a plain attribute read, as fast as a field.
+    @cached_property
+    def mpi(self):
+        if not self.native:
+            return None
+        from .mpitypes import DATATYPES
+
+        return DATATYPES[self.name]
 
     @property
     def itemsize(self) -> int:
@@ -44,24 +62,26 @@ class DType:
         return self.kind == "float"
 
 
-def _dt(name, code, kind, storage, mpi):
-    return DType(name, code, kind, np.dtype(storage), mpi)
+def _dt(name, kind, storage, native=True):
+    # The code comes from the compiled enum (cffi exposes kernels.h's enums
+    # as lib.MPICOLL_*), so it cannot drift from the C table it indexes.
+    return DType(name, getattr(lib, "MPICOLL_" + name.upper()), kind, np.dtype(storage), native)
 
 
-# Order and codes follow enum mpicoll_dtype.
+# In the order of enum mpicoll_dtype.
 ALL = (
-    _dt("int8", 0, "int", np.int8, MPI.INT8_T),
-    _dt("int16", 1, "int", np.int16, MPI.INT16_T),
-    _dt("int32", 2, "int", np.int32, MPI.INT32_T),
-    _dt("int64", 3, "int", np.int64, MPI.INT64_T),
-    _dt("uint8", 4, "uint", np.uint8, MPI.UINT8_T),
-    _dt("uint16", 5, "uint", np.uint16, MPI.UINT16_T),
-    _dt("uint32", 6, "uint", np.uint32, MPI.UINT32_T),
-    _dt("uint64", 7, "uint", np.uint64, MPI.UINT64_T),
-    _dt("float16", 8, "float", np.uint16, None),
-    _dt("bfloat16", 9, "float", np.uint16, None),
-    _dt("float32", 10, "float", np.float32, MPI.FLOAT),
-    _dt("float64", 11, "float", np.float64, MPI.DOUBLE),
+    _dt("int8", "int", np.int8),
+    _dt("int16", "int", np.int16),
+    _dt("int32", "int", np.int32),
+    _dt("int64", "int", np.int64),
+    _dt("uint8", "uint", np.uint8),
+    _dt("uint16", "uint", np.uint16),
+    _dt("uint32", "uint", np.uint32),
+    _dt("uint64", "uint", np.uint64),
+    _dt("float16", "float", np.uint16, native=False),
+    _dt("bfloat16", "float", np.uint16, native=False),
+    _dt("float32", "float", np.float32),
+    _dt("float64", "float", np.float64),
 )
 BY_NAME = {d.name: d for d in ALL}
 FLOAT16 = BY_NAME["float16"]

@@ -4,14 +4,19 @@ Two layers:
 
 * ``Reduction``: an (op, dtype) pair bound to its kernel. Algorithms call
   ``red.combine(dst, a, b)`` on storage arrays they sliced themselves; it
-  checks lengths (so the C code cannot run past a buffer) and nothing else,
-  because it is on the hot path.
+  checks what the C code relies on - equal byte lengths, the element size
+  of every array, alignment (in C, one OR of the addresses) - and nothing
+  else, because it runs once per ring segment.
 * ``reduce``, ``reduce_many``, ``scale`` and the cast functions: the public,
   fully checked entry points (tests, the benchmark, compression).
 
 Every entry hands the C side buffers from ``ffi.from_buffer`` (cheapest
-route from a numpy array to a pointer, about 0.3 us) and an element count
-that was checked against each buffer's byte length.
+route from a numpy array to a pointer, about 0.3 us; it refuses
+non-contiguous arrays) and an element count that was checked against each
+buffer's byte length. A view that starts at an arbitrary byte offset
+(``bytes_array[1:].view(np.float32)``) is refused, not read misaligned.
+
+Nothing here imports mpi4py.
 """
 from __future__ import annotations
 
@@ -26,12 +31,28 @@ _STATUS = {
     lib.MPICOLL_EOP: "bad op code",
     lib.MPICOLL_EOPDTYPE: "op not defined for this dtype",
     lib.MPICOLL_EARG: "bad argument",
+    lib.MPICOLL_EALIGN: "a buffer is not aligned to its element size",
 }
 
 
-def _check(rc: int) -> None:
-    if rc != lib.MPICOLL_OK:
-        raise ValueError(f"mpicoll kernel: {_STATUS.get(rc, rc)}")
+def _check(rc: int, arrays=(), itemsize=0) -> None:
+    if rc == lib.MPICOLL_OK:
+        return
+    if rc == lib.MPICOLL_EALIGN and arrays:
+        where = ", ".join(hex(x.ctypes.data) for x in arrays)
+        raise ValueError(f"mpicoll kernel: buffers at {where}: not all aligned to the {itemsize}-byte element "
+                         "size (a view built at a byte offset?); copy it or slice it on element boundaries")
+    raise ValueError(f"mpicoll kernel: {_STATUS.get(rc, rc)}")
+
+
+def _reject(what: str, itemsize: int, dst, srcs) -> None:
+    """The error for arrays that failed combine's quick checks."""
+    for name, x in (("dst", dst),) + tuple((f"source {i}", s) for i, s in enumerate(srcs)):
+        if x.itemsize != itemsize:
+            raise TypeError(f"mpicoll: {what}: {name} has {x.itemsize}-byte elements ({x.dtype}), "
+                            f"the reduction's are {itemsize} bytes")
+    raise ValueError(f"mpicoll: {what} of unequal byte lengths: dst {dst.nbytes}, "
+                     f"sources {[s.nbytes for s in srcs]}")
 
 
 def isa() -> str:
@@ -42,8 +63,9 @@ def isa() -> str:
 class Reduction:
     """An op applied to one element type: what algorithms combine with.
 
-    ``combine(dst, a, b)`` computes ``dst = a OP b`` element-wise on 1-D
-    storage arrays of equal length; ``dst`` may be ``a`` or ``b``. By the
+    ``combine(dst, a, b)`` computes ``dst = a OP b`` element-wise on
+    contiguous storage arrays of equal byte length whose elements are the
+    dtype's size, aligned to it; ``dst`` may be ``a`` or ``b``. By the
     algorithms' convention ``a`` holds the contribution of the lower ranks,
     so ``combine`` applies ops in rank order (which only matters for the
     bits of NaN payloads and signed zeros under min/max).
@@ -60,30 +82,44 @@ class Reduction:
         self._itemsize = dtype.itemsize
 
     def combine(self, dst: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
-        n = dst.size
-        if a.size != n or b.size != n:
-            raise ValueError(f"mpicoll: combine of unequal lengths {dst.size}, {a.size}, {b.size}")
-        if n:
-            lib.mpicoll_reduce(self._opcode, self._dtcode, ffi.from_buffer(dst, require_writable=True),
-                               ffi.from_buffer(a), ffi.from_buffer(b), n)
+        # Equal itemsizes and equal byte lengths make the element count
+        # exact for all three; the C side checks alignment (it has the
+        # addresses for free) and ffi.from_buffer refuses non-contiguous
+        # arrays. Attribute reads only: this runs once per ring segment.
+        nbytes = dst.nbytes
+        size = self._itemsize
+        if a.nbytes != nbytes or b.nbytes != nbytes or dst.itemsize != size or a.itemsize != size \
+                or b.itemsize != size:
+            _reject("combine", size, dst, (a, b))
+        if nbytes:
+            rc = lib.mpicoll_reduce(self._opcode, self._dtcode, ffi.from_buffer(dst, require_writable=True),
+                                    ffi.from_buffer(a), ffi.from_buffer(b), nbytes // size)
+            if rc:
+                _check(rc, (dst, a, b), size)
 
     def combine_many(self, dst: np.ndarray, srcs) -> None:
         """``dst = ((srcs[0] OP srcs[1]) OP srcs[2]) ...`` in one pass (the
         k-input C kernel); ``dst`` may be ``srcs[0]`` and no other source.
-        Hot path (shared-memory algorithms): lengths are checked, aliasing
-        is the caller's promise."""
-        n = dst.size
-        if any(s.size != n for s in srcs):
-            raise ValueError(f"mpicoll: combine_many of unequal lengths {n}, {[s.size for s in srcs]}")
-        if n:
+        Hot path (shared-memory algorithms): byte lengths, itemsizes and
+        alignment are checked, aliasing is the caller's promise."""
+        nbytes = dst.nbytes
+        size = self._itemsize
+        if dst.itemsize != size or any(s.nbytes != nbytes or s.itemsize != size for s in srcs):
+            _reject("combine_many", size, dst, tuple(srcs))
+        if nbytes:
             ptrs = ffi.new("const void *[]", [ffi.from_buffer(s) for s in srcs])
-            _check(lib.mpicoll_reduce_many(self._opcode, self._dtcode, ffi.from_buffer(dst, require_writable=True),
-                                           ptrs, len(srcs), n))
+            rc = lib.mpicoll_reduce_many(self._opcode, self._dtcode, ffi.from_buffer(dst, require_writable=True),
+                                         ptrs, len(srcs), nbytes // size)
+            if rc:
+                _check(rc, (dst, *srcs), size)
 
     def finish(self, buf: np.ndarray, size: int) -> None:
         """Post-processing after the reduction: avg divides by ``size``."""
-        if self.op.average and buf.size:
-            lib.mpicoll_scale(self._dtcode, ffi.from_buffer(buf, require_writable=True), buf.size, float(size))
+        if self.op.average and buf.nbytes:
+            if buf.itemsize != self._itemsize:
+                _reject("finish", self._itemsize, buf, ())
+            _check(lib.mpicoll_scale(self._dtcode, ffi.from_buffer(buf, require_writable=True),
+                                     buf.nbytes // self._itemsize, float(size)), (buf,), self._itemsize)
 
     def __repr__(self):
         return f"Reduction({self.op.name}, {self.dtype.name})"
@@ -138,10 +174,7 @@ def reduce_many(op, dst, srcs, *, dtype=None) -> None:
             raise ValueError("mpicoll: only srcs[0] may alias dst in reduce_many")
     if o.average:
         raise ValueError("mpicoll: 'avg' is a collective op; use 'sum' here")
-    ptrs = ffi.new("const void *[]", [ffi.from_buffer(s) for s in sflat])
-    keep = sflat  # the cdata pointers borrow these arrays' memory
-    _check(lib.mpicoll_reduce_many(o.code, d.code, ffi.from_buffer(dflat, require_writable=True), ptrs,
-                                   len(keep), dflat.size))
+    Reduction(o, d).combine_many(dflat, sflat)
 
 
 def scale(buf, divisor: float, *, dtype=None) -> None:
@@ -151,7 +184,8 @@ def scale(buf, divisor: float, *, dtype=None) -> None:
         raise TypeError(f"mpicoll: scale is defined for floating dtypes only, not {d.name}")
     flat = _storage_1d(buf, d, "buf", writable=True)
     if flat.size:
-        _check(lib.mpicoll_scale(d.code, ffi.from_buffer(flat, require_writable=True), flat.size, float(divisor)))
+        _check(lib.mpicoll_scale(d.code, ffi.from_buffer(flat, require_writable=True), flat.size, float(divisor)),
+               (flat,), d.itemsize)
 
 
 _CTYPE = {2: "uint16_t[]", 4: "float[]"}
@@ -166,6 +200,10 @@ def _cast(fn, src, src_itemsize, dst_dtype, out):
     elif out.shape != src.shape or out.dtype.itemsize != np.dtype(dst_dtype).itemsize \
             or not out.flags.c_contiguous or not out.flags.writeable:
         raise ValueError("mpicoll: cast out must be a writable C-contiguous array of the source's shape")
+    for what, x in (("source", src), ("out", out)):
+        if x.ctypes.data % x.dtype.itemsize:  # the C loops use typed pointers
+            raise ValueError(f"mpicoll: cast {what} at {hex(x.ctypes.data)} is not aligned to its "
+                             f"{x.dtype.itemsize}-byte elements (a view built at a byte offset?)")
     if src.size:  # byte views: custom dtypes (ml_dtypes) may not export a buffer format
         fn(ffi.from_buffer(_CTYPE[out.dtype.itemsize], out.reshape(-1).view(np.uint8), require_writable=True),
            ffi.from_buffer(_CTYPE[src.dtype.itemsize], src.reshape(-1).view(np.uint8)), src.size)

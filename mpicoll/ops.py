@@ -7,24 +7,36 @@ All ops here are commutative and associative in exact arithmetic; floating
 sums and products are not associative in floating point, which is why the
 algorithms fix the order in which they combine (see each algorithm's
 docstring) and why every rank ends with the same bits.
+
+This module does not import mpi4py (see mpicoll/mpitypes.py): ``Op.mpi`` is
+looked up on first access, and ``resolve`` only looks for an MPI.Op when
+mpi4py is already loaded (an MPI.Op cannot exist otherwise).
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Optional
 
-from mpi4py import MPI
-
+from ._kernels import lib
 from .dtypes import DType
 
 
 @dataclass(frozen=True)
 class Op:
     name: str
-    code: int  # enum mpicoll_op in csrc/kernels.h (avg uses sum's)
-    mpi: MPI.Op  # the MPI op the native path uses (avg: MPI.SUM, then scale)
+    code: int  # enum mpicoll_op in csrc/kernels.h, read from the built library (avg uses sum's)
     kinds: frozenset  # dtype kinds it is defined for
     average: bool = False  # divide by the communicator size afterwards
+
+    # The MPI op the native path uses (avg: MPI.SUM, then scale). Cached in
+    # the instance __dict__ on first access, as DType.mpi.
+    @cached_property
+    def mpi(self):
+        from .mpitypes import OPS
+
+        return OPS[self.name]
 
     def check_dtype(self, dtype: DType) -> None:
         if dtype.kind not in self.kinds:
@@ -37,21 +49,28 @@ _INT_KINDS = frozenset({"int", "uint"})
 _FLOAT_KINDS = frozenset({"float"})
 
 ALL = (
-    Op("sum", 0, MPI.SUM, _ALL_KINDS),
-    Op("prod", 1, MPI.PROD, _ALL_KINDS),
-    Op("min", 2, MPI.MIN, _ALL_KINDS),
-    Op("max", 3, MPI.MAX, _ALL_KINDS),
-    Op("avg", 0, MPI.SUM, _FLOAT_KINDS, average=True),
-    Op("band", 4, MPI.BAND, _INT_KINDS),
-    Op("bor", 5, MPI.BOR, _INT_KINDS),
-    Op("bxor", 6, MPI.BXOR, _INT_KINDS),
-    Op("land", 7, MPI.LAND, _INT_KINDS),
-    Op("lor", 8, MPI.LOR, _INT_KINDS),
-    Op("lxor", 9, MPI.LXOR, _INT_KINDS),
+    Op("sum", lib.MPICOLL_SUM, _ALL_KINDS),
+    Op("prod", lib.MPICOLL_PROD, _ALL_KINDS),
+    Op("min", lib.MPICOLL_MIN, _ALL_KINDS),
+    Op("max", lib.MPICOLL_MAX, _ALL_KINDS),
+    Op("avg", lib.MPICOLL_SUM, _FLOAT_KINDS, average=True),
+    Op("band", lib.MPICOLL_BAND, _INT_KINDS),
+    Op("bor", lib.MPICOLL_BOR, _INT_KINDS),
+    Op("bxor", lib.MPICOLL_BXOR, _INT_KINDS),
+    Op("land", lib.MPICOLL_LAND, _INT_KINDS),
+    Op("lor", lib.MPICOLL_LOR, _INT_KINDS),
+    Op("lxor", lib.MPICOLL_LXOR, _INT_KINDS),
 )
 BY_NAME = {o.name: o for o in ALL}
-# MPI.Op objects are not hashable; their Fortran handles are.
-_BY_MPI = {o.mpi.py2f(): o for o in ALL if not o.average}
+
+
+def __getattr__(name):
+    # _BY_MPI (MPI.Op handle -> Op) needs mpi4py, so it is built on demand.
+    if name == "_BY_MPI":
+        from .mpitypes import OP_NAMES_BY_HANDLE
+
+        return {h: BY_NAME[n] for h, n in OP_NAMES_BY_HANDLE.items()}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def names() -> list:
@@ -67,8 +86,12 @@ def resolve(op) -> Op:
         if found is None:
             raise ValueError(f"mpicoll: unknown op {op!r}; known: {', '.join(names())}")
         return found
-    if isinstance(op, MPI.Op):
-        found = _BY_MPI.get(op.py2f()) if op != MPI.OP_NULL else None
+    mpi = sys.modules.get("mpi4py.MPI")  # loaded by whoever made an MPI.Op
+    if mpi is not None and isinstance(op, mpi.Op):
+        from .mpitypes import op_name
+
+        name = op_name(op)
+        found = BY_NAME[name] if name is not None else None
         if found is None:
             raise ValueError(f"mpicoll: MPI op {op!r} has no mpicoll kernel "
                              "(user-defined ops, MAXLOC/MINLOC, REPLACE, NO_OP are not supported)")

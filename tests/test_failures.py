@@ -10,6 +10,7 @@ inside the same all-reduce, waiting for its messages.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -32,6 +33,7 @@ SCRIPT = textwrap.dedent("""
 
     how, algorithm = sys.argv[1], sys.argv[2]
     comm = MPI.COMM_WORLD
+    current = [0]  # which all-reduce the loop below is in
     if comm.rank == 1:
         calls = [0]
         combine = kernels.Reduction.combine
@@ -39,6 +41,7 @@ SCRIPT = textwrap.dedent("""
         def failing(self, dst, a, b):
             calls[0] += 1
             if calls[0] == 3:
+                print(f"rank 1 fails at combine 3 in allreduce {current[0]} ({how})", flush=True)
                 if how == "kill":
                     os.kill(os.getpid(), signal.SIGKILL)
                 raise RuntimeError("rank 1 fails mid-collective")
@@ -46,8 +49,11 @@ SCRIPT = textwrap.dedent("""
 
         kernels.Reduction.combine = failing
     x = np.ones(1 << 22, np.float32)  # 16 MiB: many segments, many combines
-    for _ in range(3):
+    for i in range(3):
+        current[0] = i
+        print(f"rank {comm.rank} enters allreduce {i}", flush=True)
         mpicoll.allreduce(x, comm=comm, algorithm=algorithm)
+        print(f"rank {comm.rank} left allreduce {i}", flush=True)
     print("survived", flush=True)
 """)
 
@@ -65,6 +71,20 @@ def test_failing_rank_ends_job(tmp_path, how, algorithm):
     except subprocess.TimeoutExpired as exc:  # pragma: no cover - the failure this test exists for
         pytest.fail(f"mpiexec still running after {BOUND_S} s: the job hung ({exc.stdout!r})")
     elapsed = time.monotonic() - t0
-    assert proc.returncode != 0, proc.stdout + proc.stderr
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
     assert "survived" not in proc.stdout
+    # Evidence that the job ended for the intended reason, not for any
+    # failure at all (an import error exits non-zero too): rank 1 failed
+    # inside an all-reduce, every rank had entered that all-reduce and none
+    # left it, and the failure reported is rank 1's.
+    m = re.search(rf"rank 1 fails at combine 3 in allreduce (\d) \({how}\)", proc.stdout)
+    assert m, out
+    for r in range(3):
+        assert f"rank {r} enters allreduce {m[1]}" in proc.stdout, out
+        assert f"rank {r} left allreduce {m[1]}" not in proc.stdout, out
+    if how == "raise":
+        assert "RuntimeError: rank 1 fails mid-collective" in proc.stderr, out
+    else:
+        assert "signal 9" in out.lower() or "killed" in out.lower(), out
     print(f"{how}/{algorithm}: exit {proc.returncode} after {elapsed:.1f} s")

@@ -59,6 +59,7 @@ def test_in_place_and_misaligned(name):
     for n in (1, 17, 4099):
         base_a = random_values(name, n + 1, rng, specials=False)
         base_b = random_values(name, n + 1, rng, specials=False)
+        head = base_a[:1].view(np.uint8).copy()  # the bits of the element before the view
         a, b = base_a[1:], base_b[1:]
         with np.errstate(all="ignore"):
             want = NUMPY_OPS["sum"](a, b)
@@ -67,9 +68,9 @@ def test_in_place_and_misaligned(name):
         assert_same(a, want, name, "sum")
         kernels.reduce("sum", b, a2, b)  # dst is b
         assert_same(b, want, name, "sum")
-        assert base_a[0] == base_a[0] or np.isnan(np.float32(base_a[0]))  # head untouched
-        
-        
+        assert base_a[:1].view(np.uint8).tobytes() == head.tobytes(), "element before the view was written"
+
+
 def test_kernel_writes_only_its_buffer():
     guard = np.full(100, 7, np.int32)
     dst = guard[10:90]
@@ -205,3 +206,120 @@ def test_property_against_numpy(name, n, offset, seed, data):
         want = NUMPY_OPS[op](a, b)
     kernels.reduce(op, a, a, b)
     assert_same(a, want, name, op)
+
+
+def test_misaligned_or_wrong_itemsize_views_are_refused():
+    """A view at a byte offset, or of another element size, is an error,
+    never a misaligned or reinterpreted read."""
+    from mpicoll import dtypes, ops
+
+    raw = np.zeros(4 * 9 + 1, np.uint8)
+    odd = raw[1:33].view(np.float32)  # 8 float32 starting one byte in
+    assert odd.size == 8 and not odd.flags.aligned
+    ok = np.ones(8, np.float32)
+    red = kernels.Reduction(ops.BY_NAME["sum"], dtypes.FLOAT32)
+    for args in ((odd, ok, ok), (ok, odd, ok), (ok, ok, odd)):
+        with pytest.raises(ValueError, match="aligned"):
+            red.combine(*args)
+    with pytest.raises(ValueError, match="aligned"):
+        kernels.reduce("sum", odd, ok, ok)
+    with pytest.raises(ValueError, match="aligned"):
+        red.combine_many(ok, [ok, odd])
+    with pytest.raises(ValueError, match="aligned"):
+        kernels.reduce_many("sum", ok, [ok, odd])
+    with pytest.raises(ValueError, match="aligned"):
+        kernels.scale(odd, 2)
+    with pytest.raises(ValueError, match="aligned"):
+        kernels.Reduction(ops.BY_NAME["avg"], dtypes.FLOAT32).finish(odd, 2)
+    with pytest.raises(ValueError, match="aligned"):
+        kernels.f32_to_f16(odd)
+    # same byte length, other element size: not silently reinterpreted
+    with pytest.raises(TypeError, match="4 bytes"):
+        red.combine(ok, ok, np.ones(16, np.uint16))
+    with pytest.raises(TypeError, match="4 bytes"):
+        red.combine(np.ones(32, np.uint8), ok, ok)
+    with pytest.raises(TypeError, match="4 bytes"):
+        red.combine_many(ok, [ok, np.ones(4, np.float64)])
+    with pytest.raises(ValueError, match="byte lengths"):
+        red.combine(ok, ok, np.ones(7, np.float32))
+    with pytest.raises(ValueError, match="byte lengths"):
+        red.combine_many(ok, [ok, np.ones(9, np.float32)])
+    assert (ok == 1).all() and (raw == 0).all()
+
+
+def test_enum_codes_are_the_compiled_ones():
+    """dtypes.py and ops.py carry the codes of csrc/kernels.h's enums, and
+    every enum value has its Python entry."""
+    from mpicoll import dtypes, ops
+    from mpicoll._kernels import lib
+
+    for d in dtypes.ALL:
+        assert d.code == getattr(lib, "MPICOLL_" + d.name.upper()), d
+    assert sorted(d.code for d in dtypes.ALL) == list(range(lib.MPICOLL_NDTYPES))
+    for o in ops.ALL:
+        assert o.code == getattr(lib, "MPICOLL_" + ("sum" if o.average else o.name).upper()), o
+    assert sorted({o.code for o in ops.ALL}) == list(range(lib.MPICOLL_NOPS))
+    assert [d.name for d in dtypes.ALL if not d.native] == ["float16", "bfloat16"]
+
+
+NO_MPI_SCRIPT = """
+import importlib.util, sys, types
+sys.modules["mpi4py"] = None  # any import of mpi4py now raises ImportError
+# mpicoll/__init__.py imports MPI: load the submodules under a bare package.
+spec = importlib.util.find_spec("mpicoll")
+pkg = types.ModuleType("mpicoll")
+pkg.__path__ = list(spec.submodule_search_locations)
+sys.modules["mpicoll"] = pkg
+import numpy as np
+import mpicoll.kernels, mpicoll.dtypes, mpicoll.ops
+from mpicoll import dtypes, kernels, ops
+a = np.arange(1000, dtype=np.float32)
+dst = np.empty_like(a)
+kernels.reduce("sum", dst, a, a)
+assert (dst == 2 * a).all()
+red = kernels.Reduction(ops.resolve("max"), dtypes.FLOAT16)
+h = np.ones(5, np.uint16)
+red.combine(h, h, h)
+assert dtypes.FLOAT32.native and not dtypes.FLOAT16.native and dtypes.FLOAT16.mpi is None
+try:
+    dtypes.FLOAT32.mpi
+except ImportError:
+    pass
+else:
+    raise AssertionError("DType.mpi resolved without mpi4py")
+assert not any(m.startswith("mpi4py") for m in sys.modules if sys.modules[m] is not None)
+print("kernel layer ok without mpi4py")
+"""
+
+
+def test_kernel_layer_imports_without_mpi4py():
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", NO_MPI_SCRIPT], capture_output=True, text=True, timeout=120,
+                          cwd="/")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "kernel layer ok without mpi4py" in proc.stdout
+
+
+def test_mpi_attributes_are_cached():
+    """DType.mpi / Op.mpi resolve once, then are plain instance attributes."""
+    from mpicoll import dtypes, ops
+
+    d, o = dtypes.FLOAT32, ops.BY_NAME["avg"]
+    assert d.mpi is d.mpi and "mpi" in vars(d)
+    assert o.mpi is o.mpi and "mpi" in vars(o)
+    from mpi4py import MPI
+
+    assert o.mpi == MPI.SUM and d.mpi == MPI.FLOAT and ops.resolve(MPI.BXOR) is ops.BY_NAME["bxor"]
+
+
+def test_expected_isa():
+    """make test-portable sets MPICOLL_EXPECT_ISA=generic: the dispatch must be off there."""
+    import os
+
+    want = os.environ.get("MPICOLL_EXPECT_ISA")
+    if want is None:
+        assert kernels.isa() in ("avx512f", "f16c", "generic")
+    else:
+        assert kernels.isa() == want

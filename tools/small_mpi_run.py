@@ -1,6 +1,9 @@
 """A small MPI program that touches every mpicoll code path once: every
 all-reduce algorithm on a few dtypes/ops and awkward counts, in place and
-not, plus reduce_scatter, allgather, bcast, reduce and a pre-flight check.
+not, plus reduce_scatter, allgather, bcast, reduce and a pre-flight check;
+wire compression (fp16, bf16, top-k: compress.c), the shared-memory
+all-reduce (its flag sync is shmsync.c), the nonblocking all-reduce and the
+mpi4py drop-in ``mpicoll.Comm``, so that every C file runs.
 Run by ``make sanitize`` under valgrind (and under ASan) at p = 2:
 
     mpiexec -n 2 valgrind ... python -m mpi4py tools/small_mpi_run.py
@@ -31,6 +34,24 @@ for algorithm in mpicoll.algorithms("bcast"):
     mpicoll.bcast(np.arange(1001.0), root=p - 1, comm=comm, algorithm=algorithm)
 for algorithm in mpicoll.algorithms("reduce"):
     mpicoll.reduce(np.ones(1001, np.int64), root=0, comm=comm, algorithm=algorithm)
+for compression in ("fp16", "bf16", "topk"):
+    for n in (1, 1001, 5000):
+        x = (np.arange(n) % 7 + rank).astype(np.float32)
+        y = mpicoll.allreduce(x, comm=comm, compression=compression)
+        assert y.shape == x.shape and np.isfinite(y).all(), compression
+for dtype in ("float32", "float16", "int32"):
+    for n in (1, p + 1, 20000):
+        x = (np.arange(n) % 5 + rank).astype(dtype)
+        y = mpicoll.allreduce(x, comm=comm, algorithm="shm")
+        assert y.tobytes() == mpicoll.allreduce(x, comm=comm, algorithm="mpi").tobytes(), dtype
+for n in (0, 7, 20000):
+    x = (np.arange(n) % 3 + rank).astype(np.float32)
+    got = mpicoll.iallreduce(x, comm=comm).wait()
+    assert got.tobytes() == mpicoll.allreduce(x, comm=comm).tobytes()
+drop = mpicoll.Comm(comm)
+send, recv = np.arange(1001, dtype=np.float64) + rank, np.empty(1001)
+drop.Allreduce(send, recv, op=MPI.SUM)
+assert (recv == p * np.arange(1001.0) + sum(range(p))).all()
 dup = comm.Dup()
 mpicoll.allreduce(np.ones(10), comm=dup)
 dup.Free()
