@@ -316,7 +316,7 @@ def explain(nbytes: int, *, comm=None, op="sum", dtype="float32") -> select.Choi
         if _alg.has("allreduce", forced):
             return select.Choice(forced, f"forced by {ENV_ALGORITHM}")
     st = state(comm)
-    c = select.allreduce(st.size, int(nbytes), o.name, dt.name, native_dtype=dt.mpi is not None,
+    c = select.allreduce(st.size, int(nbytes), o.name, dt.name, native_dtype=dt.native,
                          profile=st.profile, ranks_per_node=st.ranks_per_node, nodes=st.nodes)
     if st.profile_note:
         c = c._replace(reason=f"{c.reason} ({st.profile_note})")

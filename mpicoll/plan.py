@@ -310,7 +310,7 @@ def _allreduce(x, op, comm, out, algorithm, dtype, compression, reproducible, ch
     # -- stage 2 --
     st = state(comm, timeout, "allreduce")
     p = st.size
-    native = dt.mpi is not None
+    native = dt.native
     # -- stage 3 --
     if p == 1:
         name = "mpi" if name == "auto" else name
@@ -408,7 +408,7 @@ def reduce_scatter(x, op="sum", *, comm=None, counts=None, out=None, algorithm="
     # The algorithms reduce in place: never in the caller's input.
     work = _sched.Context(st, 0, pool).scratch("reduce_scatter", srcflat.size, srcflat.dtype) if p > 1 else srcflat
     name, entry = _decide(st, "reduce_scatter", name, entry, knobs, work, check_on,
-                          dict(count=n, dtype=dt.name, op=red.op.name, counts=counts), dt.mpi is not None, timeout)
+                          dict(count=n, dtype=dt.name, op=red.op.name, counts=counts), dt.native, timeout)
 
     def prologue():
         if work is not srcflat:
@@ -526,7 +526,7 @@ def reduce(x, op="sum", root=0, *, comm=None, out=None, algorithm="auto", dtype=
         work = _sched.Context(st, 0, pool).scratch("reduce", src.size, src.dtype)
         copy_in = True
     name, entry = _decide(st, "reduce", name, entry, knobs, work, check_on,
-                          dict(count=arr.size, dtype=dt.name, op=red.op.name, root=root), dt.mpi is not None, timeout)
+                          dict(count=arr.size, dtype=dt.name, op=red.op.name, root=root), dt.native, timeout)
 
     def prologue():
         if copy_in:

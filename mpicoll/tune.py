@@ -143,7 +143,7 @@ def tune(comm=None, sizes: Optional[List[int]] = None, op: str = "sum", dtype: s
         raise ValueError("tune: needs at least 2 ranks (run it with mpiexec -n P, P >= 2)")
     dt = _dtypes.BY_NAME[dtype]
     red = Reduction(_ops.resolve(op), dt)
-    native_dtype = dt.mpi is not None
+    native_dtype = dt.native
     sizes = _timing.parse_sizes(DEFAULT_SIZES) if sizes is None else sorted(sizes)
     segments = _timing.parse_sizes(DEFAULT_SEGMENTS) if segments is None else segments
     algs = [a for a in _alg.names("allreduce") if a != "auto"]

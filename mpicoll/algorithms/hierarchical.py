@@ -53,7 +53,7 @@ def _cross_choice(cst, view, red):
     # One rank per node on the cross communicator: the select rule never
     # picks shm/hierarchical there, so this cannot recurse.
     return select.allreduce(cst.size, view.nbytes, red.op.name, red.dtype.name,
-                            native_dtype=red.dtype.mpi is not None).name
+                            native_dtype=red.dtype.native).name
 
 
 def _cross_allreduce(ctx, info, view, red):

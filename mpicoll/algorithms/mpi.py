@@ -62,7 +62,7 @@ def _user_op(red: Reduction) -> MPI.Op:
 
 def _typed(red: Reduction):
     """(datatype, op) for a native call."""
-    if red.dtype.mpi is not None:
+    if red.dtype.native:
         return red.dtype.mpi, red.op.mpi
     return MPI.UINT16_T, _user_op(red)
 
@@ -94,7 +94,7 @@ def allreduce_call(comm, buf, red, src=None) -> NativeCall:
     rb = [buf, datatype]
     init = _init(comm, "Allreduce")
     direct = None
-    if buf.nbytes <= DIRECT_MAX_BYTES and red.dtype.mpi is not None:
+    if buf.nbytes <= DIRECT_MAX_BYTES and red.dtype.native:
         def direct():  # made only by plans that are kept (it holds buffer exports)
             return _direct.allreduce(comm, src, buf, buf.size, datatype, op)
     return NativeCall(lambda: comm.Allreduce(sb, rb, op), lambda: comm.Iallreduce(sb, rb, op),
