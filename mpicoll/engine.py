@@ -231,6 +231,7 @@ class _Engine:
         self.wake = threading.Condition(self.lock)
         self.waiters = 0  # threads in wait(), which drive progress themselves
         self._wlock = threading.Lock()
+        self.normal_interval = sys.getswitchinterval()
         self.sleeping = False  # the thread is blocked on `wake`
         self._wlock = threading.Lock()
         self.thread = None
@@ -252,6 +253,10 @@ class _Engine:
                     # short operations (wake=False) are left to the caller's
                     # wait()/test() unless the thread is awake anyway.
                     self.wake.notify()
+                    # The woken thread needs the GIL to run at all: have the
+                    # caller hand it over within SWITCH_INTERVAL, not after the
+                    # default 5 ms (restored when the thread goes idle).
+                    sys.setswitchinterval(min(self.normal_interval, SWITCH_INTERVAL))
             done = req._callbacks if req.done else None
             req._callbacks = [] if done else req._callbacks
         if done:
@@ -336,7 +341,7 @@ class _Engine:
 
     def _run(self) -> None:
         pause = 0.0
-        normal = sys.getswitchinterval()
+        normal = self.normal_interval
         while True:
             with self.lock:
                 # Block while there is nothing to do, or while a thread in
@@ -355,7 +360,6 @@ class _Engine:
                     # after 5 ms. While operations are outstanding, force it
                     # after SWITCH_INTERVAL so that the progress thread gets a
                     # turn about that often.
-                    normal = sys.getswitchinterval()
                     sys.setswitchinterval(min(normal, SWITCH_INTERVAL))
                 if self.stopping:
                     sys.setswitchinterval(normal)
