@@ -680,14 +680,9 @@ class Persistent:
 
 def _family_args(collective, algorithm, check, timeout, knobs, comm):
     """Stage 1 shared by the five builders: (check_on, timeout, name, entry, knobs, comm)."""
-    forced, env_check, env_timeout = env_settings()
-    check_on = check_flag(check, env_check)
-    timeout = timeout_of(timeout, env_timeout)
-    name = requested(collective, algorithm, forced)
-    entry = None if name == "auto" else _alg.get(collective, name)
-    knobs = knobs_of(entry, knobs) if entry is not None else {}
-    if knobs and entry is None:
+    if knobs and algorithm == "auto":
         raise ValueError("mpicoll: knobs need a named algorithm, not 'auto'")
+    name, entry, knobs, check_on, timeout = options(collective, algorithm, check, timeout, knobs)
     return check_on, timeout, name, entry, knobs, check_intracomm(comm)
 
 

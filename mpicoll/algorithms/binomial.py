@@ -79,18 +79,22 @@ def scatter(ctx, buf, bounds, root):
         work = ctx.scratch("binomial", off[end] - base, np.uint8)
         yield [ctx.recv(work, ((v - span) + root) % p)]
     ctx.phase = "binomial scatter: to children"
-    sends = []
-    mask = span >> 1
-    while mask:
-        c = v + mask
-        if c < p:
-            lo, hi = off[c] - base, off[min(c + mask, p)] - base
-            sends.append(ctx.send(work[lo:hi], (c + root) % p))
-        mask >>= 1
+    sends = [ctx.send(work[lo:hi], peer) for peer, lo, hi in _children(v, span, p, root, off, base)]
     if sends:
         yield sends
     if v:
         buf[...] = work[:lens[v]]
+
+
+def _children(v, span, p, root, off, base):
+    """(rank, start, stop) of each child subtree of vrank ``v``, largest first,
+    as byte offsets into ``v``'s working buffer (which starts at ``base``)."""
+    mask = span >> 1
+    while mask:
+        c = v + mask
+        if c < p:
+            yield (c + root) % p, off[c] - base, off[min(c + mask, p)] - base
+        mask >>= 1
 
 
 @register("gather", "binomial")
@@ -112,14 +116,7 @@ def gather(ctx, buf, bounds, root):
         work = ctx.scratch("binomial", off[end] - base, np.uint8)
         work[:lens[v]] = buf[bounds[r][0]:bounds[r][1]] if v == 0 else buf
     ctx.phase = "binomial gather: from children"
-    recvs = []
-    mask = span >> 1
-    while mask:
-        c = v + mask
-        if c < p:
-            lo, hi = off[c] - base, off[min(c + mask, p)] - base
-            recvs.append(ctx.recv(work[lo:hi], (c + root) % p))
-        mask >>= 1
+    recvs = [ctx.recv(work[lo:hi], peer) for peer, lo, hi in _children(v, span, p, root, off, base)]
     if recvs:
         yield recvs
     if v:
