@@ -20,6 +20,8 @@ import pytest
 
 BIN = os.path.dirname(sys.executable)
 MPIEXEC = os.path.join(BIN, "mpiexec")
+# What the Makefile passes its own mpiexec (Open MPI: --allow-run-as-root --oversubscribe).
+MPIEXEC_FLAGS = os.environ.get("MPIEXEC_FLAGS", "").split()
 # Generous: startup of 3 Python processes on a loaded 2-core machine takes
 # a few seconds; a hang would run into it and fail the test.
 BOUND_S = 60
@@ -66,7 +68,8 @@ def test_failing_rank_ends_job(tmp_path, how, algorithm):
     script.write_text(SCRIPT)
     t0 = time.monotonic()
     try:
-        proc = subprocess.run([MPIEXEC, "-n", "3", sys.executable, "-m", "mpi4py", str(script), how, algorithm],
+        proc = subprocess.run([MPIEXEC, *MPIEXEC_FLAGS, "-n", "3", sys.executable, "-m", "mpi4py", str(script), how,
+                               algorithm],
                               capture_output=True, text=True, timeout=BOUND_S)
     except subprocess.TimeoutExpired as exc:  # pragma: no cover - the failure this test exists for
         pytest.fail(f"mpiexec still running after {BOUND_S} s: the job hung ({exc.stdout!r})")

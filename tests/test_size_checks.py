@@ -21,6 +21,8 @@ import pytest
 
 BIN = os.path.dirname(sys.executable)
 MPIEXEC = os.path.join(BIN, "mpiexec")
+# What the Makefile passes its own mpiexec (Open MPI: --allow-run-as-root --oversubscribe).
+MPIEXEC_FLAGS = os.environ.get("MPIEXEC_FLAGS", "").split()
 BOUND_S = 90
 
 SCRIPT = textwrap.dedent("""
@@ -60,7 +62,7 @@ def test_ring_count_mismatch_raises(tmp_path, collective, n, extra):
     script = tmp_path / "sizes.py"
     script.write_text(SCRIPT)
     try:
-        proc = subprocess.run([MPIEXEC, "-n", "3", sys.executable, "-m", "mpi4py", str(script), collective,
+        proc = subprocess.run([MPIEXEC, *MPIEXEC_FLAGS, "-n", "3", sys.executable, "-m", "mpi4py", str(script), collective,
                                str(n), str(extra)], capture_output=True, text=True, timeout=BOUND_S)
     except subprocess.TimeoutExpired as exc:  # pragma: no cover - the failure this test exists for
         pytest.fail(f"mpiexec still running after {BOUND_S} s: a count mismatch hung the ring ({exc.stdout!r})")
