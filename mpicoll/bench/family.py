@@ -14,12 +14,12 @@ mpicoll is faster). mpicoll is called through its blocking front door
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 from mpi4py import MPI
 
 import mpicoll
+from mpicoll.bench.timing import interleaved
 
 DEFAULT_SIZES = [8 << (3 * i) for i in range(8)] + [16 << 20]  # 8 B, 64 B, ... 16 MiB
 COLLECTIVES = ("scatter", "gather", "allgatherv", "alltoall", "alltoallv")
@@ -88,17 +88,7 @@ def measure(comm, collective, sizes, rounds, seed=0):
         for _, fn in fns:  # warm-up: plans, states, scratch
             fn()
             fn()
-        times = {label: [] for label, _ in fns}
-        for _ in range(rounds):
-            for i in rng.permutation(len(fns)):
-                label, fn = fns[i]
-                comm.Barrier()
-                t0 = time.perf_counter()
-                for _ in range(iters):
-                    fn()
-                t = (time.perf_counter() - t0) / iters
-                times[label].append(comm.allreduce(t, op=MPI.MAX))
-        res[size] = {k: float(np.median(v)) for k, v in times.items()}
+        res[size] = interleaved(comm, fns, rounds, iters, rng)
     native.Free()
     return res
 

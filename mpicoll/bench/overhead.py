@@ -13,12 +13,12 @@ rank's time per call, and the speed-up against native ``comm.Allreduce``
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 from mpi4py import MPI
 
 import mpicoll
+from mpicoll.bench.timing import interleaved
 
 
 def _doors(comm, x, y):
@@ -62,20 +62,10 @@ def measure(comm, sizes, rounds: int, iters: int, seed: int = 0) -> dict:
         x = np.ones(max(1, nbytes // 4), np.float32)
         y = np.empty_like(x)
         doors, keep = _doors(comm, x, y)
-        times = {label: [] for label, _ in doors}
         for label, fn in doors:  # warm-up: first calls build states and plans
             for _ in range(50):
                 fn()
-        for _ in range(rounds):
-            for i in rng.permutation(len(doors)):
-                label, fn = doors[i]
-                comm.Barrier()
-                t0 = time.perf_counter()
-                for _ in range(iters):
-                    fn()
-                t = (time.perf_counter() - t0) / iters
-                times[label].append(comm.allreduce(t, op=MPI.MAX))
-        out[nbytes] = {label: float(np.median(ts)) for label, ts in times.items()}
+        out[nbytes] = interleaved(comm, doors, rounds, iters, rng)
         keep[0].free()
         if keep[1] is not None:
             keep[1].Free()

@@ -158,3 +158,21 @@ def measure(comm, fn: Callable[[], object], iters: int, warmup: int,
     return slowest
 
 
+
+
+def interleaved(comm, fns, rounds: int, iters: int, rng) -> dict:
+    """{label: median seconds per call (slowest rank)} of ``fns`` (label,
+    callable) timed ``iters`` calls at a time, ``rounds`` times, in an order
+    ``rng`` shuffles each round (seed it alike on every rank: the same order
+    everywhere, and a burst of load hits every candidate alike)."""
+    times = {label: [] for label, _ in fns}
+    for _ in range(rounds):
+        for i in rng.permutation(len(fns)):
+            label, fn = fns[i]
+            comm.Barrier()
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            t = (time.perf_counter() - t0) / iters
+            times[label].append(comm.allreduce(t, op=MPI.MAX))
+    return {label: float(np.median(ts)) for label, ts in times.items()}
