@@ -57,14 +57,20 @@ def _rotate(buf, bounds, root, p, off, work, into_work):
             buf[a:b] = work[off[u]:off[u + 1]]
 
 
-@register("scatter", "binomial")
-def scatter(ctx, buf, bounds, root):
+def _place(ctx, root, bounds):
+    """Where this rank sits in the binomial tree rooted at ``root``: (p, rank,
+    vrank, subtree byte offsets, block lengths, span, end of its subtree, the
+    offset its working buffer starts at)."""
     p, r = ctx.size, ctx.rank
     v = (r - root) % p
     off, lens = _tree(p, root, bounds)
     span = _top(v, p)
-    end = min(v + span, p)
-    base = off[v]
+    return p, r, v, off, lens, span, min(v + span, p), off[v]
+
+
+@register("scatter", "binomial")
+def scatter(ctx, buf, bounds, root):
+    p, r, v, off, lens, span, end, base = _place(ctx, root, bounds)
     ctx.phase = "binomial scatter: from parent"
     if v == 0:
         if root == 0:
@@ -99,12 +105,7 @@ def _children(v, span, p, root, off, base):
 
 @register("gather", "binomial")
 def gather(ctx, buf, bounds, root):
-    p, r = ctx.size, ctx.rank
-    v = (r - root) % p
-    off, lens = _tree(p, root, bounds)
-    span = _top(v, p)
-    end = min(v + span, p)
-    base = off[v]
+    p, r, v, off, lens, span, end, base = _place(ctx, root, bounds)
     parent = ((v - span) + root) % p
     if v and end == v + 1:
         ctx.phase = "binomial gather: to parent"
