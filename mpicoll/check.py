@@ -2,8 +2,8 @@
 
 Two tools, one always on and one optional:
 
-* Receive-size checks (always on, in ``algorithms/common.py`` and the
-  ring): every point-to-point receive compares the bytes that arrived with
+* Receive-size checks (always on, in the schedule drivers,
+  ``mpicoll/schedule.py``, the same for every algorithm): every point-to-point receive compares the bytes that arrived with
   the bytes the algorithm expected, and a message longer than the receive
   buffer (MPI_ERR_TRUNCATE) is caught too. Either raises ``MismatchError``
   on the rank that saw it. That costs nothing measurable, but only that
@@ -32,7 +32,6 @@ import time
 import zlib
 
 import numpy as np
-from mpi4py import MPI
 
 from . import _env
 from .errors import MismatchError
@@ -135,21 +134,3 @@ def mismatch_from(collective: str, sigs) -> MismatchError:
     msg = (f"mpicoll: {called}: the ranks were called with different arguments - "
            + " | ".join(parts))
     return MismatchError(msg, first_field, first_values)
-
-
-def size_mismatch(comm, expected: int, got: int, source: int, where: str = "") -> MismatchError:
-    """The error for a receive that did not bring the expected byte count."""
-    what = f"got {got}" if got >= 0 else "got a longer message (truncated)"
-    return MismatchError(
-        f"mpicoll: rank {comm.Get_rank()}{' ' + where if where else ''}: expected {expected} bytes from "
-        f"rank {source}, {what}: the ranks disagree on the message size (count, dtype or algorithm "
-        f"differ). Only this rank saw it; run with {ENV_CHECK}=1 (or check=True) to have every rank "
-        f"raise, and launch with 'python -m mpi4py' so that one failing rank ends the job.",
-        "count", {})
-
-
-def is_truncation(exc: MPI.Exception) -> bool:
-    try:
-        return exc.Get_error_class() == MPI.ERR_TRUNCATE
-    except Exception:  # pragma: no cover - exotic MPI error objects
-        return False

@@ -82,7 +82,6 @@ class CommState:
             self.comm = MPI.Intracomm(dup)  # the handle is valid only once the request completed
         self.rank: int = self.comm.Get_rank()
         self.size: int = self.comm.Get_size()
-        self._scratch = {}
         self.pool = {}  # scratch of blocking calls (schedule.Context.scratch), reused call after call
         self.idle_pools = []  # scratch dictionaries of completed nonblocking calls, for the next ones
         self.extra = {}  # per-algorithm cached state (e.g. node communicators)
@@ -105,20 +104,6 @@ class CommState:
         self.seq = seq + 1
         return seq, 1 + seq % self.tag_span
 
-    def scratch(self, name: str, nbytes: int) -> np.ndarray:
-        """A reusable uint8 buffer of at least ``nbytes``, one per ``name``.
-
-        Large temporaries are reused across calls because a fresh 16 MiB
-        array costs about as much in page faults as reducing it. Blocking
-        algorithms only: a buffer is valid until the next call with the
-        same name.
-        """
-        buf = self._scratch.get(name)
-        if buf is None or buf.nbytes < nbytes:
-            buf = np.empty(max(nbytes, 64), np.uint8)
-            self._scratch[name] = buf
-        return buf[:nbytes]
-
     def free(self) -> None:
         self.freed = True
         self.pool.clear()
@@ -128,7 +113,6 @@ class CommState:
             if free is not None:
                 free()
         self.extra.clear()
-        self._scratch.clear()
         if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():
             self.comm.Free()
 

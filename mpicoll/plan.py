@@ -406,7 +406,7 @@ def reduce_scatter(x, op="sum", *, comm=None, counts=None, out=None, algorithm="
     st = state(comm, timeout, "reduce_scatter")
     pool = {} if nonblocking else st.pool
     # The algorithms reduce in place: never in the caller's input.
-    work = _sched.Context(st, 0, pool).scratch("reduce_scatter", srcflat.size, srcflat.dtype) if p > 1 else srcflat
+    work = _sched.scratch(pool, "reduce_scatter", srcflat.size, srcflat.dtype) if p > 1 else srcflat
     name, entry = _decide(st, "reduce_scatter", name, entry, knobs, work, check_on,
                           dict(count=n, dtype=dt.name, op=red.op.name, counts=counts), dt.native, timeout)
 
@@ -428,7 +428,7 @@ def reduce_scatter(x, op="sum", *, comm=None, counts=None, out=None, algorithm="
     if p > 1 and name == "mpi":
         longest = max(hi - lo for lo, hi in bounds)
         plan.native = _mpi.reduce_scatter_call(st.comm, work, red, bounds,
-                                               _sched.Context(st, 0, pool).scratch("mpi_rs", longest, work.dtype))
+                                               _sched.scratch(pool, "mpi_rs", longest, work.dtype))
     return plan
 
 
@@ -523,7 +523,7 @@ def reduce(x, op="sum", root=0, *, comm=None, out=None, algorithm="auto", dtype=
         work = buffers.storage(result, dt)
         copy_in = not buffers.same_memory(result, arr)
     else:  # the algorithms overwrite their buffer: never the caller's input
-        work = _sched.Context(st, 0, pool).scratch("reduce", src.size, src.dtype)
+        work = _sched.scratch(pool, "reduce", src.size, src.dtype)
         copy_in = True
     name, entry = _decide(st, "reduce", name, entry, knobs, work, check_on,
                           dict(count=arr.size, dtype=dt.name, op=red.op.name, root=root), dt.native, timeout)
@@ -861,7 +861,7 @@ def _alltoall_plan(collective, comm, arr, result, scounts, rcounts, name, entry,
     prologue = None
     if buffers.same_memory(dst, src):  # in place: the schedules need the input apart from the output
         pool = {} if nonblocking else st.pool
-        work = _sched.Context(st, 0, pool).scratch(collective + "-in", src.size, np.uint8)
+        work = _sched.scratch(pool, collective + "-in", src.size, np.uint8)
 
         def prologue(src=src):
             work[...] = src

@@ -134,14 +134,7 @@ class Context:
     def scratch(self, name: str, n: int, dtype) -> np.ndarray:
         """A temporary of ``n`` elements of ``dtype``, reused across calls
         that share this context's pool (never across concurrent calls)."""
-        if type(dtype) is not np.dtype and not isinstance(dtype, np.dtype):
-            dtype = np.dtype(dtype)
-        nbytes = n * dtype.itemsize
-        buf = self.pool.get(name)
-        if buf is None or buf.nbytes < nbytes:
-            buf = np.empty(max(nbytes, 64), np.uint8)
-            self.pool[name] = buf
-        return buf[:nbytes].view(dtype)
+        return scratch(self.pool, name, n, dtype)
 
     def sub(self, st) -> "Context":
         """A context on another communicator (the hierarchical algorithm's
@@ -149,6 +142,21 @@ class Context:
         c = Context(st, self.tag, self.pool, self.info)
         c.phase = self.phase
         return c
+
+
+def scratch(pool: dict, name: str, n: int, dtype) -> np.ndarray:
+    """``n`` elements of ``dtype`` from scratch ``pool`` (a dict of uint8
+    buffers by name, grown when too small): large temporaries are reused
+    because a fresh 16 MiB array costs about as much in page faults as
+    reducing it."""
+    if type(dtype) is not np.dtype and not isinstance(dtype, np.dtype):
+        dtype = np.dtype(dtype)
+    nbytes = n * dtype.itemsize
+    buf = pool.get(name)
+    if buf is None or buf.nbytes < nbytes:
+        buf = np.empty(max(nbytes, 64), np.uint8)
+        pool[name] = buf
+    return buf[:nbytes].view(dtype)
 
 
 def _post(op: Op) -> None:
@@ -347,20 +355,12 @@ class SimStats:
 
 
 class _SimComm:
-    """A stand-in for CommState in the simulator: rank, size, scratch."""
+    """A stand-in for CommState in the simulator: rank and size."""
 
     def __init__(self, rank, size):
         self.rank, self.size = rank, size
         self.comm = None
         self.extra = {}
-        self._scratch = {}
-
-    def scratch(self, name, nbytes):
-        buf = self._scratch.get(name)
-        if buf is None or buf.nbytes < nbytes:
-            buf = np.empty(max(nbytes, 64), np.uint8)
-            self._scratch[name] = buf
-        return buf[:nbytes]
 
 
 class _SimContext(Context):
