@@ -21,10 +21,9 @@ How each one runs:
   memory, in place; it returns at once and the backward pass goes on. The
   future is completed from mpicoll's progress thread (or, without it, from
   a waiter thread that advances the request - DDP waits on the future in
-  C++, where no Python test()/wait() would ever make progress).
-  ``reproducible=True``: bit-identical results for any p and algorithm,
-  with mpicoll's nonblocking reproducible all-reduce where it has one, else
-  the blocking one inside the hook (no overlap).
+  C++, where no Python test()/wait() would ever make progress; see
+  _completion.py). ``reproducible=True``: bit-identical results for any p
+  and algorithm (mpicoll's nonblocking reproducible all-reduce).
 * ``fp16_hook`` / ``bf16_hook``: the bucket, divided by the world size, plus
   this rank's carried rounding error, is cast to 16 bits *in the hook*; the
   plain nonblocking all-reduce sums the 16-bit buffer (half the bytes);
@@ -33,10 +32,7 @@ How each one runs:
   feedback), so rounding errors are delayed, not dropped.
 * ``topk_hook``: ``mpicoll.iallreduce(..., compression=TopK)`` - each rank
   sends its k largest entries, the rest stays in a per-bucket residual
-  (error feedback, see mpicoll/compression.py). With an mpicoll whose
-  iallreduce lacks ``compression=``, the blocking compressed all-reduce runs
-  on one worker thread per State instead, in bucket order (the same order on
-  every rank, which keeps the blocking collectives matched).
+  (error feedback, see mpicoll/compression.py); nonblocking too.
 
 The hook's second parameter must be named ``bucket``: torch 2.13 checks the
 signature of a Python hook, and the return annotation too, so this module
@@ -44,25 +40,14 @@ keeps real annotations (no ``from __future__ import annotations``, which
 would turn them into strings that fail that check).
 """
 
-import inspect
-import queue
-import threading
-
-import numpy as np
 import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
 import mpicoll
 
-from . import _compat
+from . import _completion
 from .backend import ProcessGroupMpicoll, reducible
-
-# Whether this mpicoll's iallreduce takes compression= and reproducible=
-# (newer ones do); without, those hooks fall back as described above.
-_IALLREDUCE_ARGS = set(inspect.signature(mpicoll.iallreduce).parameters)
-NONBLOCKING_COMPRESSION = "compression" in _IALLREDUCE_ARGS
-NONBLOCKING_REPRODUCIBLE = "reproducible" in _IALLREDUCE_ARGS
 
 
 class State:
@@ -79,7 +64,7 @@ class State:
         self.topk_ratio = topk_ratio
         self.residuals = {}  # bucket index -> float32 tensor (fp16/bf16 error feedback)
         self.topk = {}  # bucket index -> mpicoll.TopK
-        self._worker = None
+        self.pending = []  # this iteration's requests of earlier buckets
 
     def residual(self, index: int, like: torch.Tensor) -> torch.Tensor:
         r = self.residuals.get(index)
@@ -87,37 +72,39 @@ class State:
             r = self.residuals[index] = torch.zeros_like(like)
         return r
 
-    def run_in_order(self, fn) -> torch.futures.Future[torch.Tensor]:
-        """Run ``fn()`` on this State's worker thread after everything submitted before it."""
-        if self._worker is None:
-            self._worker = _Worker()
-        return self._worker.submit(fn)
 
+def _launch(state: State, bucket: dist.GradBucket, run, finish) -> torch.futures.Future[torch.Tensor]:
+    """Run a bucket's collective: ``run(nonblocking)`` starts it (returns a
+    request) or, with False, runs it to completion; the future is completed
+    with ``finish()`` afterwards.
 
-class _Worker:
-    def __init__(self):
-        self._queue = queue.SimpleQueue()
-        threading.Thread(target=self._run, name="mpicoll-torch-hook", daemon=True).start()
-
-    def submit(self, fn) -> torch.futures.Future[torch.Tensor]:
-        fut = torch.futures.Future()
-        self._queue.put((fn, fut))
-        return fut
-
-    def _run(self):
-        while True:
-            fn, fut = self._queue.get()
-            try:
-                result = fn()
-            except BaseException as exc:
-                fut.set_exception(exc)
-            else:
-                fut.set_result(result)
-
-
-def _future_of(req, finish) -> torch.futures.Future[torch.Tensor]:
-    """A future completed with ``finish()`` once mpicoll request ``req`` is."""
+    Every bucket but the last is started nonblocking, and its future is
+    completed from another thread (_completion.when_done). The last bucket
+    runs blocking, on the thread that runs the hook, once this State's
+    earlier buckets are complete (waiting for them drives every outstanding
+    operation, see engine.wait): the backward pass is over when DDP hands
+    over its last bucket, so there is nothing left to overlap, DDP would
+    only block on the future at once, and a future completed from the
+    progress thread costs two hand-overs between threads (measured at p=2
+    on this 2-core machine: 0.3-1 ms, more than a blocking 200 KB
+    all-reduce). Waiting for the earlier buckets first keeps one operation
+    at a time on the shared-memory window and lets the blocking call block
+    in MPI without starving a nonblocking one."""
     fut = torch.futures.Future()
+    if bucket.is_last():
+        try:
+            pending, state.pending = state.pending, []
+            for req in pending:
+                req.wait()  # their own futures are completed by their callbacks
+            run(False)
+            result = finish()
+        except BaseException as exc:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(result)
+        return fut
+    req = run(True)
+    state.pending.append(req)
 
     def done(err):
         if err is not None:
@@ -129,25 +116,26 @@ def _future_of(req, finish) -> torch.futures.Future[torch.Tensor]:
             fut.set_exception(exc)
         else:
             fut.set_result(result)
-    _compat.when_done(req, done)
+    _completion.when_done(req, done)
     return fut
 
 
+def _allreduce(nonblocking: bool, *args, **kwargs):
+    """mpicoll's all-reduce: started (a request) or run to completion (None)."""
+    if nonblocking:
+        return mpicoll.iallreduce(*args, **kwargs)
+    mpicoll.allreduce(*args, **kwargs)
+    return None
+
+
 def allreduce_hook(state: State, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """Average the bucket with mpicoll's nonblocking all-reduce (in place)."""
+    """Average the bucket with mpicoll's all-reduce (in place)."""
     buf = bucket.buffer()
     arr, dt = reducible(buf)
-    if state.reproducible and NONBLOCKING_REPRODUCIBLE:
-        req = mpicoll.iallreduce(arr, "avg", comm=state.comm, out=arr, dtype=dt, algorithm=state.algorithm,
-                                 reproducible=True)
-        return _future_of(req, lambda: buf)
-    if state.reproducible:
-        mpicoll.allreduce(arr, "avg", comm=state.comm, out=arr, dtype=dt, reproducible=True)
-        fut = torch.futures.Future()
-        fut.set_result(buf)
-        return fut
-    req = mpicoll.iallreduce(arr, "avg", comm=state.comm, out=arr, dtype=dt, algorithm=state.algorithm)
-    return _future_of(req, lambda: buf)
+    return _launch(state, bucket,
+                   lambda nb: _allreduce(nb, arr, "avg", comm=state.comm, out=arr, dtype=dt,
+                                         algorithm=state.algorithm, reproducible=state.reproducible),
+                   lambda: buf)
 
 
 def _half_hook(state: State, bucket: dist.GradBucket, dtype: torch.dtype) -> torch.futures.Future[torch.Tensor]:
@@ -162,12 +150,13 @@ def _half_hook(state: State, bucket: dist.GradBucket, dtype: torch.dtype) -> tor
     else:
         half = scaled.to(dtype)
     arr, dt = reducible(half)
-    req = mpicoll.iallreduce(arr, "sum", comm=state.comm, out=arr, dtype=dt, algorithm=state.algorithm)
 
     def finish():
         buf.copy_(half)
         return buf
-    return _future_of(req, finish)
+    return _launch(state, bucket,
+                   lambda nb: _allreduce(nb, arr, "sum", comm=state.comm, out=arr, dtype=dt, algorithm=state.algorithm),
+                   finish)
 
 
 def fp16_hook(state: State, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -190,14 +179,8 @@ def topk_hook(state: State, bucket: dist.GradBucket) -> torch.futures.Future[tor
     if topk is None or (topk.residual is not None and topk.residual.size != buf.numel()):  # buckets rebuilt
         topk = state.topk[index] = mpicoll.TopK(state.topk_ratio)
     arr = buf.numpy()
-    if NONBLOCKING_COMPRESSION:
-        req = mpicoll.iallreduce(arr, "avg", comm=state.comm, out=arr, compression=topk)
-        return _future_of(req, lambda: buf)
-
-    def run():
-        mpicoll.allreduce(arr, "avg", comm=state.comm, out=arr, compression=topk)
-        return buf
-    return state.run_in_order(run)
+    return _launch(state, bucket, lambda nb: _allreduce(nb, arr, "avg", comm=state.comm, out=arr, compression=topk),
+                   lambda: buf)
 
 
 HOOKS = {"allreduce": allreduce_hook, "fp16": fp16_hook, "bf16": bf16_hook, "topk": topk_hook}
