@@ -20,6 +20,7 @@
 #   make example-dropin    examples/mpi4py_dropin.py: plain mpi4py vs mpicoll.Comm, 4 ranks
 #   make train-ddp         examples/train_ddp.py: torch DDP, backends mpicoll and gloo, every hook, 4 ranks
 #   make bench-torch       torch.distributed all_reduce, backend mpicoll vs gloo, and DDP step per hook, p = 2 and 4
+#   make bench-torch-testbed   DDP step per hook across 2 namespace hosts on a 1 Gbit/s link (needs root)
 
 MPI ?= mpich
 PYTHON ?= python3
@@ -157,7 +158,7 @@ bench-compression: $(STAMP)
 bench-bucketing: $(STAMP)
 	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 4 $(MPIRUN_PY) -m mpicoll.bench bucketing
 
-.PHONY: bench-overlap bench-overhead example-dropin train-ddp bench-torch
+.PHONY: bench-overlap bench-overhead example-dropin train-ddp bench-torch bench-torch-testbed
 
 train-ddp: $(STAMP)
 	@for b in mpicoll gloo; do for h in none allreduce fp16 bf16 topk; do \
@@ -171,6 +172,14 @@ bench-torch: $(STAMP)
 	  echo "== mpiexec -n $$n python -m mpicoll.bench torch"; \
 	  timeout $(BENCH_TIMEOUT) $(MPIEXEC) -n $$n $(MPIRUN_PY) -m mpicoll.bench torch || exit 1; \
 	done
+
+# The compression hooks where bytes cost time: 2 hosts (network namespaces,
+# scripts/testbed.sh) x TESTBED_PPN ranks, 1 Gbit/s between them, a model
+# with 4.5 MB of gradients (the default 0.2 MB one is CPU-bound even there).
+TESTBED_PPN ?= 1
+bench-torch-testbed: $(STAMP)
+	timeout $(BENCH_TIMEOUT) scripts/testbed.sh --hosts 2 --ppn $(TESTBED_PPN) --rate 1gbit -- \
+	  $(abspath $(PY)) -m mpi4py -m mpicoll.bench torch --sizes 8:4M --ddp-hidden 1024,1024 --ddp-steps 20
 
 # Every nonblocking algorithm; three sizes keep the run within the timeout.
 OVERLAP_FLAGS ?= --sizes-mib 1,4,16

@@ -65,11 +65,6 @@ SWITCH_INTERVAL = 100e-6
 SPIN_POLLS = 2000
 
 
-# How long the progress thread lets a new operation's caller reach wait()
-# before it starts advancing the operation itself.
-START_GRACE = 50e-6
-
-
 class Request:
     """An outstanding nonblocking collective. ``wait()`` returns the result
     (the output array; None on non-root ranks of a reduce); ``test()`` says

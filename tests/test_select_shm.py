@@ -43,6 +43,15 @@ def test_several_nodes_use_hierarchical_for_long_messages():
     big = select.HIERARCHICAL_MIN_BYTES
     assert select.allreduce(4, big, "sum", "float32", ranks_per_node=2, nodes=2).name == "hierarchical"
     assert select.allreduce(4, big - 1, "sum", "float32", ranks_per_node=2, nodes=2).name != "hierarchical"
+    # float16/bfloat16 (no MPI reduction): from 64 KiB, where the flat algorithms
+    # would send the whole vector across the nodes
+    small = select.HIERARCHICAL_MIN_BYTES_NOT_NATIVE
+    assert small < big
+    assert select.allreduce(4, small, "sum", "float16", native_dtype=False, ranks_per_node=2,
+                            nodes=2).name == "hierarchical"
+    assert select.allreduce(4, small - 1, "sum", "float16", native_dtype=False, ranks_per_node=2,
+                            nodes=2).name == "recursive_doubling"
+    assert select.allreduce(4, small, "sum", "float32", ranks_per_node=2, nodes=2).name == "mpi"
     # one rank per node: nothing to share (this is also what hierarchical's
     # inter-node step asks, so it can never recurse into itself)
     assert select.allreduce(4, 1 << 30, "sum", "float32", ranks_per_node=1, nodes=4).name not in ("shm", "hierarchical")

@@ -35,7 +35,7 @@ HARD_S = 90
 # (mpi waits inside the MPI library, shm and hierarchical on shared memory).
 P2P = ("ring", "tree", "rabenseifner", "recursive_doubling")
 REDUCING = ("allreduce", "reduce_scatter", "reduce")
-SKIPS = ("skip", "first", "check")
+SKIPS = ("skip", "first", "check", "stall")
 
 
 def _specs():
@@ -67,6 +67,8 @@ SUBSET = [
     ("skip", "allreduce/mpi", "blocking", 2),
     ("skip", "allreduce/mpi", "persistent", 3),
     ("skip", "allreduce/shm", "blocking", 3),
+    ("stall", "allreduce/shm", "blocking", 2),
+    ("stall", "allreduce/ring", "nonblocking", 2),
     ("skip", "bcast/tree", "blocking", 3),
     ("skip", "reduce/ring", "nonblocking", 3),
     ("skip", "allgather/ring", "persistent", 2),

@@ -250,3 +250,132 @@ def test_avg_of_integers_raises_on_every_rank_before_sending(pg):
     with pytest.raises((TypeError, ValueError), match="avg"):
         dist.all_reduce(torch.ones(2, dtype=torch.int32), op=R.AVG)
     dist.barrier()  # nothing was left in flight
+
+
+def test_async_every_collective(pg):
+    """async_op=True on every collective: the work's future and wait() give the results."""
+    p, r = dist.get_world_size(), dist.get_rank()
+    works = []
+    t = torch.full((5,), float(r + 1))
+    works.append(dist.all_reduce(t, op=R.MAX, async_op=True))
+    b = torch.arange(4, dtype=torch.int16) if r == p - 1 else torch.zeros(4, dtype=torch.int16)
+    works.append(dist.broadcast(b, p - 1, async_op=True))
+    outs = [torch.empty(2, dtype=torch.bfloat16) for _ in range(p)]
+    works.append(dist.all_gather(outs, torch.full((2,), float(r), dtype=torch.bfloat16), async_op=True))
+    flat = torch.empty(2 * p, dtype=torch.float64)
+    works.append(dist.all_gather_into_tensor(flat, torch.full((2,), float(r), dtype=torch.float64), async_op=True))
+    rs = torch.empty(3, dtype=torch.int32)
+    works.append(dist.reduce_scatter_tensor(rs, torch.arange(3 * p, dtype=torch.int32) * (r + 1), async_op=True))
+    rl = torch.empty(3)
+    works.append(dist.reduce_scatter(rl, [torch.full((3,), float(q + r)) for q in range(p)], async_op=True))
+    red = torch.full((3,), float(r + 1))
+    works.append(dist.reduce(red, 0, async_op=True))
+    gl = [torch.empty(2) for _ in range(p)] if r == 0 else None
+    works.append(dist.gather(torch.full((2,), float(r)), gl, dst=0, async_op=True))
+    sc = torch.empty(2, dtype=torch.complex64)
+    works.append(dist.scatter(sc, [torch.full((2,), complex(q, 1)) for q in range(p)] if r == 0 else None, src=0,
+                              async_op=True))
+    a2a = torch.empty(p, dtype=torch.int64)
+    works.append(dist.all_to_all_single(a2a, torch.arange(p) + 10 * r, async_op=True))
+    lst = [torch.empty(1, dtype=torch.int8) for _ in range(p)]
+    works.append(dist.all_to_all(lst, [torch.full((1,), q + r, dtype=torch.int8) for q in range(p)], async_op=True))
+    works.append(dist.barrier(async_op=True))
+    futs = [w.get_future() for w in works[::2]]
+    for w in works[1::2]:
+        assert w.wait()
+    torch.futures.wait_all(futs)
+    assert all(w.is_completed() for w in works)
+    assert (t == p).all()
+    assert torch.equal(b, torch.arange(4, dtype=torch.int16))
+    assert [o[0].item() for o in outs] == list(range(p))
+    assert flat[::2].tolist() == [float(q) for q in range(p)]
+    assert torch.equal(rs, (torch.arange(3 * r, 3 * r + 3, dtype=torch.int32) * sum(range(1, p + 1))))
+    assert (rl == sum(r + q for q in range(p))).all()
+    if r == 0:
+        assert (red == p * (p + 1) / 2).all() and [g[0].item() for g in gl] == list(range(p))
+    assert (sc == complex(r, 1)).all()
+    assert a2a.tolist() == [r + 10 * q for q in range(p)]
+    assert [x.item() for x in lst] == [r + q for q in range(p)]
+
+
+def test_empty_and_short_tensors(pg):
+    """Zero elements, and fewer elements than ranks, through every reducing collective."""
+    p, r = dist.get_world_size(), dist.get_rank()
+    e = torch.empty(0)
+    dist.all_reduce(e)
+    dist.broadcast(e, 0)
+    outs = [torch.empty(0) for _ in range(p)]
+    dist.all_gather(outs, e)
+    dist.all_gather_into_tensor(torch.empty(0), e)
+    dist.reduce_scatter_tensor(torch.empty(0), torch.empty(0))
+    one = torch.tensor([float(r)])
+    dist.all_reduce(one, op=R.MIN)
+    assert one.item() == 0.0
+    short = torch.full((max(1, p - 1),), float(r + 1), dtype=torch.float16)
+    dist.all_reduce(short)
+    assert (short == p * (p + 1) / 2).all()
+
+
+def test_view_cache_follows_the_tensor(pg):
+    """The cached numpy view of a small tensor is not reused once the tensor's
+    memory, shape or dtype changes in place, nor for another tensor."""
+    p = dist.get_world_size()
+    t = torch.ones(4)
+    for _ in range(3):
+        dist.all_reduce(t)
+    assert (t == p ** 3).all()
+    t.data = torch.ones(6)  # new storage, new shape
+    dist.all_reduce(t)
+    assert t.shape == (6,) and (t == p).all()
+    t.resize_(2)
+    t.fill_(1)
+    dist.all_reduce(t)
+    assert (t == p).all()
+    t.data = torch.ones(2, dtype=torch.int32)
+    dist.all_reduce(t)
+    assert t.dtype is torch.int32 and (t == p).all()
+    u = torch.ones(2, dtype=torch.int32)
+    dist.all_reduce(u, op=R.MAX)
+    dist.all_reduce(t, op=R.MAX)
+    assert (u == 1).all() and (t == p).all()
+
+
+def test_process_group_timeout_becomes_the_deadline(pg):
+    from datetime import timedelta
+
+    from mpicoll.torch.backend import deadline_of
+    from torch.distributed.constants import default_pg_timeout
+
+    assert deadline_of(default_pg_timeout) is None
+    assert deadline_of(timedelta(seconds=7)) == 7.0
+    assert dist.group.WORLD.timeout is None  # torch's default: no deadline, the fast path
+    g = dist.new_group(list(range(dist.get_world_size())), timeout=timedelta(seconds=30))
+    assert g.timeout == 30.0
+    t = torch.full((3,), 2.0)
+    dist.all_reduce(t, group=g)
+    work = dist.all_reduce(t, group=g, async_op=True)
+    work.wait()
+    assert (t == 2.0 * dist.get_world_size() ** 2).all()
+
+
+@pytest.mark.parametrize("np_dtype", [np.uint16, np.uint32, np.uint64], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("op", [R.SUM, R.PRODUCT, R.MIN, R.MAX, R.BAND, R.BOR, R.BXOR],
+                         ids=lambda o: str(o).split(".")[-1])
+def test_all_reduce_wide_unsigned(pg, np_dtype, op):
+    """torch's uint16/32/64 (few torch ops, so the reference is numpy's); sums wrap like numpy's."""
+    p, r = dist.get_world_size(), dist.get_rank()
+    info = np.iinfo(np_dtype)
+
+    def mine(q):
+        g = np.random.default_rng([7, q])
+        if op == R.PRODUCT:
+            return g.choice(np.array([1, 2, 3], np_dtype), 9)
+        v = g.integers(0, 8, 9).astype(np_dtype)
+        v[0] = info.max - q  # sums wrap around
+        return v
+
+    t = torch.from_numpy(mine(r).copy())
+    dist.all_reduce(t, op=op)
+    ref = {R.SUM: np.add, R.PRODUCT: np.multiply, R.MIN: np.minimum, R.MAX: np.maximum, R.BAND: np.bitwise_and,
+           R.BOR: np.bitwise_or, R.BXOR: np.bitwise_xor}[op].reduce(np.stack([mine(q) for q in range(p)]), axis=0)
+    np.testing.assert_array_equal(t.numpy(), ref.astype(np_dtype))

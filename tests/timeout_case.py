@@ -6,6 +6,9 @@ The last rank ("odd") is the one that misbehaves:
 
     skip   every rank makes one call together, then odd skips the next one
            (for bcast odd is the root, so its partners need it)
+    stall  as skip, but odd then stays busy for 60 s instead of ending:
+           the others' uncaught timeout alone must end the job (nothing
+           collective may run on their way out)
     first  odd skips the very first call on the communicator (mpicoll's state
            is created collectively there)
     check  as skip, with check=True (the pre-flight allgather is what waits)
@@ -74,13 +77,15 @@ t0 = time.monotonic()
 report("t0", f":{time.time():.3f}")
 try:
     skip_root = p - 1 if coll == "bcast" else 0
-    if case in ("skip", "check"):
+    if case in ("skip", "check", "stall"):
         req = call(coll, alg, root=skip_root, chk=case == "check")
         comm.Barrier()  # the warm-up is not part of the measured time
         t0 = time.monotonic()
         report("t0", f":{time.time():.3f}")
         if odd:
             report("skipped")
+            if case == "stall":
+                time.sleep(60)
         else:
             call(coll, alg, root=skip_root, chk=case == "check", persistent=req if mode == "persistent" else None)
     elif case == "first":
@@ -108,7 +113,7 @@ try:
             else:
                 raise SystemExit(f"unknown case {case!r}")
         call(coll, alg, n=n, dtype=dtype, op=op, root=root, chk=check)
-    if not (odd and case in ("skip", "check", "first")):
+    if not (odd and case in ("skip", "check", "first", "stall")):
         report("returned")
 except mpicoll.CollectiveTimeout as exc:
     report("TIMEOUT", f":{time.monotonic() - t0:.2f}:{','.join(map(str, exc.peers))}:{exc}")

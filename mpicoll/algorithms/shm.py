@@ -68,6 +68,7 @@ from __future__ import annotations
 import atexit
 import collections
 import itertools
+import sys
 import time
 import weakref
 
@@ -255,6 +256,14 @@ def _queue(st):
 def _free_all_at_exit():
     # Python's atexit handlers run before mpi4py's MPI_Finalize. Windows are
     # freed in creation order, which is the same on every rank.
+    # Not when the program ends with an uncaught exception (the interpreter
+    # has set sys.last_value): freeing is collective, the other ranks may
+    # never get here (one raised CollectiveTimeout because another skipped
+    # a call), and `python -m mpi4py` calls MPI_Abort after these handlers,
+    # which releases the windows anyway. Waiting here would hold the job
+    # until the others ended by themselves.
+    if getattr(sys, "last_value", None) is not None or getattr(sys, "last_exc", None) is not None:
+        return
     for key in sorted(_live.keys()):
         w = _live.get(key)
         if w is not None:

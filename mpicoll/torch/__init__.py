@@ -18,7 +18,7 @@ try:
     import torch.distributed as _dist
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("mpicoll.torch needs PyTorch; the CPU build is enough: "
-                      "pip install torch --index-url https://download.pytorch.org/whl/cpu") from exc
+                      "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu") from exc
 
 if not _dist.is_available():  # pragma: no cover
     raise ImportError("mpicoll.torch needs a PyTorch built with torch.distributed")

@@ -11,7 +11,7 @@ reduce_scatter_tensor, reduce, gather, scatter, all_to_all,
 all_to_all_single, barrier, send/recv, the object collectives built on
 them, async_op=True, and the functional collectives
 (torch.distributed._functional_collectives). CPU tensors of the dtypes
-mpicoll reduces: int8..int64, uint8, float16, bfloat16, float32, float64
+mpicoll reduces: int8..int64, uint8..uint64, float16, bfloat16, float32, float64
 (and bool, reduced as 0/1 bytes); collectives that only move data take any
 dtype (they move bytes).
 
