@@ -175,19 +175,22 @@ class Request:
         self._raise()
         return self.result
 
-    def add_done_callback(self, fn) -> None:
+    def add_done_callback(self, fn, wake: bool = True) -> None:
         """Call ``fn(request)`` once the request is complete (at once if it
         already is). It runs on whichever thread completed the request,
         possibly the progress thread, after the engine lock is released; it
         must not block on other mpicoll requests. Exceptions it raises are
-        printed, not propagated."""
+        printed, not propagated.
+
+        A callback usually means that someone relies on completion without
+        calling wait() (a torch future waited on in C++), so the progress
+        thread is woken, even for a short operation. ``wake=False`` leaves
+        it asleep, for a caller that has another thread wait() for the
+        request (waking it would cost a thread hand-over for nothing)."""
         with _engine.lock:
             if not self._done.is_set():
                 self._callbacks.append(fn)
-                # A callback means someone relies on completion without
-                # calling wait() (a torch future waited on in C++): the
-                # progress thread must run even for a short operation.
-                if _engine.sleeping and _engine.use_thread():
+                if wake and _engine.sleeping and _engine.use_thread():
                     _engine.wake.notify()
                 return
         _call(fn, self)

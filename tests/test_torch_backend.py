@@ -379,3 +379,26 @@ def test_all_reduce_wide_unsigned(pg, np_dtype, op):
     ref = {R.SUM: np.add, R.PRODUCT: np.multiply, R.MIN: np.minimum, R.MAX: np.maximum, R.BAND: np.bitwise_and,
            R.BOR: np.bitwise_or, R.BXOR: np.bitwise_xor}[op].reduce(np.stack([mine(q) for q in range(p)]), axis=0)
     np.testing.assert_array_equal(t.numpy(), ref.astype(np_dtype))
+
+
+def test_futures_complete_in_any_order(pg):
+    """A future completes when its work does, even while the waiter thread is
+    still waiting for an earlier work that depends on it (here a receive
+    that the sender satisfies only after this rank's all-reduce future)."""
+    import time
+
+    p, r = dist.get_world_size(), dist.get_rank()
+    if p < 2:
+        pytest.skip("needs a peer")
+    got = torch.zeros(1)
+    first = dist.irecv(got, src=(r - 1) % p, tag=9).get_future()  # handed to the waiter first
+    t = torch.ones(3)
+    second = dist.all_reduce(t, async_op=True).get_future()
+    deadline = time.monotonic() + 20
+    while not second.done():  # not second.wait(): a hang must fail the test, not stall it
+        assert time.monotonic() < deadline, "the all-reduce's future waited behind the receive"
+        time.sleep(0.001)
+    assert (t == p).all()
+    dist.send(torch.full((1,), float(r)), dst=(r + 1) % p, tag=9)
+    first.wait()
+    assert got.item() == (r - 1) % p
