@@ -190,8 +190,8 @@ class Request:
         with _engine.lock:
             if not self._done.is_set():
                 self._callbacks.append(fn)
-                if wake and _engine.sleeping and _engine.use_thread():
-                    _engine.wake.notify()
+                if wake:
+                    _engine.wake_locked()
                 return
         _call(fn, self)
 
@@ -244,17 +244,13 @@ class _Engine:
             req._start()
             if not req.done:
                 self.active.append(req)
-                if wake and self.sleeping and self.use_thread():
+                if wake:
                     # Waking the thread costs a GIL hand-over (measured: up to
                     # ~1 ms on a loaded 2-core machine), more than a short
                     # operation takes when its caller waits for it at once:
                     # short operations (wake=False) are left to the caller's
                     # wait()/test() unless the thread is awake anyway.
-                    self.wake.notify()
-                    # The woken thread needs the GIL to run at all: have the
-                    # caller hand it over within SWITCH_INTERVAL, not after the
-                    # default 5 ms (restored when the thread goes idle).
-                    sys.setswitchinterval(min(self.normal_interval, SWITCH_INTERVAL))
+                    self.wake_locked()
             done = req._callbacks if req.done else None
             req._callbacks = [] if done else req._callbacks
         if done:
@@ -266,6 +262,15 @@ class _Engine:
 
     def use_thread(self) -> bool:
         return self.enabled and not self.stopping and self.thread_available()
+
+    def wake_locked(self) -> None:
+        """Wake the sleeping progress thread (called with the lock held)."""
+        if self.sleeping and self.use_thread():
+            self.wake.notify()
+            # The woken thread needs the GIL to run at all: have the caller
+            # hand it over within SWITCH_INTERVAL, not after the default 5 ms
+            # (restored when the thread goes idle).
+            sys.setswitchinterval(min(self.normal_interval, SWITCH_INTERVAL))
 
     def _spawn(self) -> None:
         with self.lock:
@@ -405,6 +410,19 @@ def set_progress_thread(enabled: bool) -> None:
     with _engine.lock:
         _engine.enabled = bool(enabled)
         _engine.wake.notify_all()
+
+
+def wake_progress_thread() -> bool:
+    """Have the progress thread advance the outstanding operations now, even
+    short ones that did not wake it (for a caller that stops driving them
+    itself). Returns whether there is a progress thread to do it."""
+    with _engine.lock:
+        if not _engine.use_thread():
+            return False
+        _engine.wake_locked()
+    if _engine.thread is None:
+        _engine._spawn()
+    return True
 
 
 def progress_thread_active() -> bool:

@@ -175,6 +175,52 @@ def test_progress_thread_advances_without_test_calls():
         nonblocking.set_progress_thread(was)
 
 
+def test_short_operations_wait_for_a_wake_up_and_a_callback_can_skip_it():
+    """A short operation does not wake a sleeping progress thread (its caller
+    is expected to wait() soon); wake_progress_thread() hands it over, and so
+    does a done-callback unless it says wake=False."""
+    if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+        pytest.skip("MPI without MPI_THREAD_MULTIPLE: no progress thread")
+    import time
+
+    from mpicoll import engine
+
+    comm = MPI.COMM_WORLD
+    if comm.size == 1:
+        pytest.skip("one rank: operations complete when they start")
+    was = nonblocking._engine.enabled
+    nonblocking.set_progress_thread(True)
+
+    def completes_alone(req, seconds):
+        deadline = time.monotonic() + seconds
+        while not req.done and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return req.done
+
+    def thread_asleep():
+        mpicoll.iallreduce(np.ones(8, np.float32), algorithm="ring").wait()  # the thread exists
+        deadline = time.monotonic() + 60
+        while not nonblocking._engine.sleeping and time.monotonic() < deadline:
+            time.sleep(0.001)
+        comm.Barrier()
+
+    try:
+        fired = []
+        thread_asleep()
+        req = mpicoll.iallreduce(np.ones(8, np.float32), algorithm="ring")  # 32 B: no wake-up
+        req.add_done_callback(fired.append, wake=False)
+        assert not completes_alone(req, 0.5), "a short operation woke the progress thread"
+        assert engine.wake_progress_thread()
+        assert completes_alone(req, 60) and fired == [req]
+        thread_asleep()
+        req = mpicoll.iallreduce(np.ones(8, np.float32), algorithm="ring")
+        req.add_done_callback(fired.append)  # wake=True: someone relies on the callback
+        assert completes_alone(req, 60) and fired[-1] is req
+    finally:
+        comm.Barrier()
+        nonblocking.set_progress_thread(was)
+
+
 @pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling"])
 def test_same_bits_as_the_blocking_algorithm(algorithm):
     """The state machines follow the blocking schedules: same order of

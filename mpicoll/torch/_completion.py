@@ -3,28 +3,31 @@
 DDP's reducer waits for a bucket's ``torch.futures.Future`` in C++, and a
 ``Work``'s future is waited on the same way: nobody comes back to Python to
 call ``test()``/``wait()``, so the requests must be driven to completion by
-some other thread. That thread is one waiter per process: it takes the
-requests in the order they were handed over and waits for each one,
-driving progress as it does (``mpicoll.Request.wait`` advances every
-outstanding operation without sleeping between polls, see engine.wait;
-an ``MPI.Request`` is tested in a loop that advances mpicoll's operations
-too, so that a receive can never block the progress of a collective that
-its sender waits for).
+some other thread, and their completion reported to the future.
 
-When each request completes, its callback runs at once, on whichever thread
-completed it (``mpicoll.Request.add_done_callback``): a later request that
-completes first is not held back by an earlier one that the waiter is still
-waiting for.
+* Reporting: an mpicoll request's callback
+  (``mpicoll.Request.add_done_callback``) runs as soon as the request
+  completes, on whichever thread completes it, so a later request that
+  completes first is not held back by an earlier one. An ``MPI.Request``
+  (barrier, send, recv) is reported by the waiter below once it completes.
+* Driving: one waiter thread per process takes the requests in the order
+  they were handed over (``drive``): it polls each without pause for up to
+  a millisecond, then hands a still outstanding mpicoll request to mpicoll's
+  progress thread and moves on. While it polls an ``MPI.Request`` it
+  advances mpicoll's operations too, so that a receive cannot block the
+  progress of a collective that its sender waits for.
 
-Why not leave it to mpicoll's background progress thread: that thread backs
-off (sleeps up to 200 us between polls when nothing moves) so that a
-computing caller keeps its cores, and each completion handed to it costs a
-wake-up. Measured at p=2 on this 2-core machine, DDP step of a 0.2 MB model
-without a hook: 2.2-5.2 ms with the progress thread completing the
-futures, 1.3-1.6 ms with this waiter (gloo: 2.0-3.3 ms in the same runs);
-with 4.5 MB of gradients in 1 MB buckets both took the same time (11.6 vs
-12.3 ms). Waking the progress thread for the callbacks as well cost
-another 0.3 ms per step, so it is left asleep (``wake=False``).
+Why not leave it all to mpicoll's progress thread: that thread sleeps
+between polls when nothing moves (up to 200 us) so that a computing caller
+keeps its cores, and each request handed to it costs a wake-up; for a short
+operation that someone is already blocked on, both are pure delay. Measured
+at p=2 on this 2-core machine, DDP step of a 0.2 MB model without a hook:
+2.2-5.2 ms with the progress thread completing every future, 1.4-1.7 ms
+with the waiter (gloo: 2.0-3.3 ms in the same runs). A waiter that polled
+without pause until completion was as fast there, but with 4 ranks on the
+two cores (test bed, 4.5 MB of gradients, buckets sent while the backward
+pass computes) it made the steps 10-60 % slower: hence the hand-over after
+``SPIN_S``.
 
 Requests are None when the work ran blocking and is already complete.
 """
@@ -38,8 +41,9 @@ from mpi4py import MPI
 
 from .. import engine as _engine
 
-# As engine.SPIN_POLLS: poll this many times before yielding the core at each poll.
-SPIN_POLLS = _engine.SPIN_POLLS
+# How long the waiter polls a request without pause before it hands it to
+# the progress thread (see drive()).
+SPIN_S = 1e-3
 
 
 def is_done(req) -> bool:
@@ -51,18 +55,59 @@ def is_done(req) -> bool:
 
 
 def wait(req) -> None:
-    """Wait for ``req``, advancing mpicoll's operations meanwhile."""
+    """Wait for ``req`` (mpicoll's or MPI's), advancing every outstanding
+    mpicoll operation meanwhile (polling without pause)."""
     if req is None:
         return
-    if isinstance(req, MPI.Request):
-        polls = 0
-        while not req.Test():
-            _engine.progress()
-            polls += 1
-            if polls > SPIN_POLLS:
-                time.sleep(0)
-    else:
+    if isinstance(req, _engine.Request):
         req.wait()
+        return
+    polls = 0
+    while not req.Test():
+        _engine.progress()  # mpicoll's operations advance while an MPI request is waited for
+        polls += 1
+        if polls > _engine.SPIN_POLLS:
+            time.sleep(0)
+
+
+def drive(req) -> None:
+    """What the waiter does with a request whose completion a callback
+    reports: poll it without pause for up to ``SPIN_S``, then, if it is
+    still outstanding, hand it to mpicoll's progress thread (which sleeps
+    between polls when nothing moves, leaving the cores to a computing
+    caller) and move on; without a progress thread, keep polling, sleeping
+    between polls as that thread would (10 us at first, doubling up to
+    200 us).
+
+    The first millisecond covers a short operation, which then completes
+    without a hand-over; a long one (a large bucket sent while the backward
+    pass computes) is not polled hot for its whole length. Measured with 4
+    ranks on this 2-core machine (test bed, 4.5 MB of gradients): polling
+    hot to the end made DDP steps 10-60 % slower than the progress thread."""
+    if isinstance(req, MPI.Request):
+        def done():
+            if req.Test():
+                return True
+            _engine.progress()  # mpicoll's operations advance while an MPI request is waited for
+            return False
+    else:
+        def done():
+            # Not req.test(): that would raise (and so consume) the request's
+            # error, which belongs to its callback (and to whoever waits).
+            _engine.progress()
+            return req.done
+    start = time.monotonic()
+    while not done():
+        if time.monotonic() - start > SPIN_S:
+            break
+    else:
+        return
+    if isinstance(req, _engine.Request) and _engine.wake_progress_thread():
+        return
+    pause = 10e-6
+    while not done():
+        time.sleep(pause)
+        pause = min(2 * pause, 200e-6)
 
 
 class _Waiter:
@@ -86,7 +131,9 @@ class _Waiter:
         while True:
             req, fn = self._queue.get()
             try:
-                wait(req)
+                drive(req)
+                if fn is not None:
+                    wait(req)  # complete: raises its error, if any
                 err = None
             except BaseException as exc:  # handed to the future, raised where it is waited for
                 err = exc
