@@ -402,3 +402,24 @@ def test_futures_complete_in_any_order(pg):
     dist.send(torch.full((1,), float(r)), dst=(r + 1) % p, tag=9)
     first.wait()
     assert got.item() == (r - 1) % p
+
+
+def test_work_wait_timeout(pg):
+    """Work.wait(timeout) raises once the time is up and the work is not
+    complete (here a receive nobody sends to), and returns when it is."""
+    from datetime import timedelta
+
+    import mpicoll
+
+    t = torch.ones(4)
+    assert dist.all_reduce(t, async_op=True).wait(timeout=timedelta(seconds=30))
+    if dist.get_world_size() < 2:
+        return
+    got = torch.zeros(1)
+    r = dist.get_rank()
+    work = dist.irecv(got, src=(r + 1) % dist.get_world_size(), tag=11)
+    with pytest.raises(mpicoll.CollectiveTimeout, match="Work.wait"):
+        work.wait(timeout=timedelta(seconds=0.2))
+    dist.barrier()
+    dist.send(torch.full((1,), float(r)), dst=(r - 1) % dist.get_world_size(), tag=11)
+    assert work.wait() and got.item() == (r + 1) % dist.get_world_size()

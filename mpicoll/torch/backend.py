@@ -56,6 +56,7 @@ the functional collectives call the ``*_tensor_coalesced`` methods.
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
 
 import numpy as np
@@ -192,6 +193,22 @@ class Work(dist._Work):
                 fut.set_exception(error)
 
     def wait(self, timeout=None) -> bool:
+        """Wait for completion; ``timeout`` (a timedelta, as torch passes it;
+        zero means none) raises ``mpicoll.CollectiveTimeout`` if the work has
+        not completed by then. The collective then stays outstanding: as with
+        torch's own backends, the group is broken (end the job)."""
+        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else (timeout or 0)
+        if not self._done and seconds > 0:
+            deadline = time.monotonic() + seconds
+            polls = 0
+            while not self.is_completed():
+                if time.monotonic() > deadline:
+                    raise mpicoll.CollectiveTimeout(
+                        f"mpicoll backend: work not completed within Work.wait(timeout={seconds:g} s); "
+                        "the collective is still outstanding", collective="torch work")
+                polls += 1
+                if polls > 1000:
+                    time.sleep(0)
         if not self._done:
             try:
                 for r in list(self._reqs):
