@@ -42,19 +42,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mpicoll.torch  # noqa: E402,F401  (registers mpi:// and the "mpicoll" backend)
+from mpicoll.bench.torch import mlp as make_model  # noqa: E402  (the model `make bench-torch` times)
 from mpicoll.torch import hooks  # noqa: E402
 from train_data_parallel import load_data  # noqa: E402  (the digits, as the numpy example reads them)
-
-
-def make_model(hidden=(256, 128), seed=0) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    sizes = [64, *hidden, 10]
-    layers = []
-    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
-        layers.append(torch.nn.Linear(a, b))
-        if i < len(sizes) - 2:
-            layers.append(torch.nn.ReLU())
-    return torch.nn.Sequential(*layers)
 
 
 def weights_sha256(model) -> str:
