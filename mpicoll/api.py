@@ -303,6 +303,7 @@ def explain(nbytes: int, *, comm=None, op="sum", dtype="float32") -> select.Choi
     first use (it settles the profile and layout every rank agrees on)."""
     from . import dtypes as _dtypes
     from .comm import state
+    from .mpitypes import reduces_natively
 
     comm = check_intracomm(comm)
     dt = _dtypes.BY_NAME[dtype] if isinstance(dtype, str) and dtype in _dtypes.BY_NAME \
@@ -316,7 +317,7 @@ def explain(nbytes: int, *, comm=None, op="sum", dtype="float32") -> select.Choi
         if _alg.has("allreduce", forced):
             return select.Choice(forced, f"forced by {ENV_ALGORITHM}")
     st = state(comm)
-    c = select.allreduce(st.size, int(nbytes), o.name, dt.name, native_dtype=dt.native,
+    c = select.allreduce(st.size, int(nbytes), o.name, dt.name, native_dtype=reduces_natively(dt, o),
                          profile=st.profile, ranks_per_node=st.ranks_per_node, nodes=st.nodes)
     if st.profile_note:
         c = c._replace(reason=f"{c.reason} ({st.profile_note})")

@@ -36,3 +36,33 @@ def op_name(op: MPI.Op):
     if op == MPI.OP_NULL:
         return None
     return OP_NAMES_BY_HANDLE.get(op.py2f())
+
+
+# Reductions this MPI library's predefined op gets wrong. mpicoll's contract
+# is numpy's arithmetic (integer sums wrap around); Open MPI 5.0's op/avx
+# component adds 8- and 16-bit integers with saturating vector instructions
+# once a buffer has 64 elements or more (found with the PyPI wheel, Open MPI
+# 5.0.11 on an AVX-512 CPU: uint16 65535 + 65534 gave 65535, not 65533; every
+# other dtype and op, and MPICH, matched numpy; open-mpi/ompi#8045 reports
+# it for int16). Decided by library, not by a probe of this CPU: every rank
+# of a job runs the same library, and all ranks must pass the same MPI_Op.
+_SATURATING_SUMS = frozenset(("int8", "uint8", "int16", "uint16"))
+_vendor = None
+
+
+def _is_open_mpi() -> bool:
+    global _vendor
+    if _vendor is None:
+        _vendor = MPI.get_vendor()[0]
+    return _vendor == "Open MPI"
+
+
+def reduces_natively(dtype, op) -> bool:
+    """Whether the MPI library's predefined op reduces ``dtype`` (a
+    ``mpicoll.dtypes.DType``) with ``op`` (a ``mpicoll.ops.Op``) to numpy's
+    result. Where it does not, the "mpi" algorithm reduces with mpicoll's
+    C kernel as a user-defined MPI_Op, and "auto" treats the pair as it
+    treats float16 (mpicoll's own algorithms)."""
+    if not dtype.native:
+        return False
+    return not (op.name in ("sum", "avg") and dtype.name in _SATURATING_SUMS and _is_open_mpi())

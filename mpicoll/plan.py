@@ -43,6 +43,7 @@ from .algorithms import mpi as _mpi
 from .algorithms.common import block_bounds, counts_to_bounds
 from .comm import check_intracomm, state
 from .kernels import Reduction
+from .mpitypes import reduces_natively
 
 ENV_ALGORITHM = "MPICOLL_ALGORITHM"
 ENV_TIMEOUT = "MPICOLL_TIMEOUT"
@@ -310,7 +311,7 @@ def _allreduce(x, op, comm, out, algorithm, dtype, compression, reproducible, ch
     # -- stage 2 --
     st = state(comm, timeout, "allreduce")
     p = st.size
-    native = dt.native
+    native = reduces_natively(dt, red.op)
     # -- stage 3 --
     if p == 1:
         name = "mpi" if name == "auto" else name
@@ -408,7 +409,8 @@ def reduce_scatter(x, op="sum", *, comm=None, counts=None, out=None, algorithm="
     # The algorithms reduce in place: never in the caller's input.
     work = _sched.scratch(pool, "reduce_scatter", srcflat.size, srcflat.dtype) if p > 1 else srcflat
     name, entry = _decide(st, "reduce_scatter", name, entry, knobs, work, check_on,
-                          dict(count=n, dtype=dt.name, op=red.op.name, counts=counts), dt.native, timeout)
+                          dict(count=n, dtype=dt.name, op=red.op.name, counts=counts),
+                          reduces_natively(dt, red.op), timeout)
 
     def prologue():
         if work is not srcflat:
@@ -526,7 +528,8 @@ def reduce(x, op="sum", root=0, *, comm=None, out=None, algorithm="auto", dtype=
         work = _sched.scratch(pool, "reduce", src.size, src.dtype)
         copy_in = True
     name, entry = _decide(st, "reduce", name, entry, knobs, work, check_on,
-                          dict(count=arr.size, dtype=dt.name, op=red.op.name, root=root), dt.native, timeout)
+                          dict(count=arr.size, dtype=dt.name, op=red.op.name, root=root),
+                          reduces_natively(dt, red.op), timeout)
 
     def prologue():
         if copy_in:

@@ -56,6 +56,33 @@ def test_allreduce_exact(algorithm, name):
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("name", ["int8", "uint8", "int16", "uint16", "int32", "uint64"])
+def test_integer_sums_wrap_like_numpy(algorithm, name):
+    """Sums that overflow wrap around, as numpy's do, with every algorithm
+    ("mpi" included: Open MPI's vectorised 8/16-bit sums saturate instead,
+    from 64 elements on, so mpicoll reduces those with its own kernel), and
+    through reduce and reduce_scatter."""
+    comm = MPI.COMM_WORLD
+    p, rank = comm.size, comm.rank
+    dt = np.dtype(name)
+    info = np.iinfo(dt)
+
+    def mine(q, n=1000):
+        v = np.random.default_rng([3, q]).integers(info.min, info.max, n, dtype=dt, endpoint=True)
+        v[:64] = info.max - q  # at least 64 overflowing lanes: MPI's vector path
+        return v
+
+    want = np.add.reduce(np.stack([mine(q) for q in range(p)]), axis=0, dtype=dt)
+    got = mpicoll.allreduce(mine(rank), "sum", algorithm=algorithm)
+    np.testing.assert_array_equal(got, want)
+    assert_identical_everywhere(comm, got)
+    red = mpicoll.reduce(mine(rank), "sum", 0)
+    if rank == 0:
+        np.testing.assert_array_equal(red, want)
+    np.testing.assert_array_equal(mpicoll.reduce_scatter(mine(rank), "sum"), np.array_split(want, p)[rank])
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_matches_mpi_allreduce_on_random_floats(algorithm):
     comm = MPI.COMM_WORLD
     rng = np.random.default_rng(comm.rank + 10)

@@ -46,6 +46,7 @@ from __future__ import annotations
 from . import get as _get
 from . import register, shm
 from .. import select
+from ..mpitypes import reduces_natively
 from ..node import node_info
 
 
@@ -53,7 +54,7 @@ def _cross_choice(cst, view, red):
     # One rank per node on the cross communicator: the select rule never
     # picks shm/hierarchical there, so this cannot recurse.
     return select.allreduce(cst.size, view.nbytes, red.op.name, red.dtype.name,
-                            native_dtype=red.dtype.native).name
+                            native_dtype=reduces_natively(red.dtype, red.op)).name
 
 
 def _cross_allreduce(ctx, info, view, red):

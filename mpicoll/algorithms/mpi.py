@@ -16,7 +16,10 @@ Description:  Calls MPI_Allreduce, MPI_Reduce_scatter, MPI_Allgatherv,
               with the predefined ops) the call is fully native. float16 and
               bfloat16 have no predefined MPI datatype, so they travel as
               MPI_UINT16_T with a user-defined MPI_Op whose callback runs
-              mpicoll's C kernel: MPI's algorithm, our arithmetic.
+              mpicoll's C kernel: MPI's algorithm, our arithmetic. The same
+              user op replaces a predefined op the library gets wrong
+              (Open MPI's saturating 8/16-bit integer sums, see
+              mpitypes.reduces_natively).
 Cost:         Whatever the MPI library's tuning gives; in MPICH and Open MPI,
               recursive doubling for short and Rabenseifner or ring for long
               messages. User-defined ops add a Python callback per chunk MPI
@@ -34,6 +37,7 @@ from mpi4py import MPI
 from . import register
 from .. import _direct
 from ..kernels import Reduction
+from ..mpitypes import reduces_natively
 
 # The direct C call (mpicoll._direct) saves mpi4py's argument parsing, which
 # only matters for latency-bound messages.
@@ -61,10 +65,13 @@ def _user_op(red: Reduction) -> MPI.Op:
 
 
 def _typed(red: Reduction):
-    """(datatype, op) for a native call."""
-    if red.dtype.native:
+    """(datatype, op) for a native call: MPI's own op where it reduces this
+    dtype correctly (mpitypes.reduces_natively), else mpicoll's kernel as a
+    user-defined op, over the dtype's MPI type or, for float16/bfloat16,
+    which have none, MPI_UINT16_T."""
+    if reduces_natively(red.dtype, red.op):
         return red.dtype.mpi, red.op.mpi
-    return MPI.UINT16_T, _user_op(red)
+    return (red.dtype.mpi if red.dtype.native else MPI.UINT16_T), _user_op(red)
 
 
 class NativeCall:
@@ -94,7 +101,7 @@ def allreduce_call(comm, buf, red, src=None) -> NativeCall:
     rb = [buf, datatype]
     init = _init(comm, "Allreduce")
     direct = None
-    if buf.nbytes <= DIRECT_MAX_BYTES and red.dtype.native:
+    if buf.nbytes <= DIRECT_MAX_BYTES and reduces_natively(red.dtype, red.op):
         def direct():  # made only by plans that are kept (it holds buffer exports)
             return _direct.allreduce(comm, src, buf, buf.size, datatype, op)
     return NativeCall(lambda: comm.Allreduce(sb, rb, op), lambda: comm.Iallreduce(sb, rb, op),
