@@ -308,13 +308,16 @@ class _Engine:
         if finished:
             self._run_callbacks(finished)
 
-    def wait(self, req: Request) -> None:
+    def wait(self, req: Request, hot_for=None) -> bool:
         """The waiting thread drives progress itself: handing completion over
         from the progress thread (an Event, a GIL switch) costs hundreds of
         microseconds, more than a short all-reduce. While someone waits, the
-        progress thread steps back (see _run)."""
+        progress thread steps back (see _run). With ``hot_for`` (seconds)
+        and a progress thread, stop after that long and leave the request to
+        the thread (woken on the way out); returns whether it is complete."""
         if req.done:
-            return
+            return True
+        until = None if hot_for is None or not self.use_thread() else time.monotonic() + hot_for
         with self._wlock:  # not the engine lock: the progress thread may hold that one
             self.waiters += 1
         polls = 0
@@ -330,6 +333,8 @@ class _Engine:
                 if finished:
                     self._run_callbacks(finished)
                 polls += 1
+                if until is not None and time.monotonic() > until:
+                    break
                 if not req.done and polls > SPIN_POLLS:
                     # Then let other threads and processes run: on an
                     # oversubscribed node the peer we wait for may need this core.
@@ -340,7 +345,8 @@ class _Engine:
                 last = self.waiters == 0
             if last and self.active:
                 with self.lock:
-                    self.wake.notify()
+                    self.wake_locked()
+        return req.done
 
     def _run(self) -> None:
         pause = 0.0
@@ -412,17 +418,14 @@ def set_progress_thread(enabled: bool) -> None:
         _engine.wake.notify_all()
 
 
-def wake_progress_thread() -> bool:
-    """Have the progress thread advance the outstanding operations now, even
-    short ones that did not wake it (for a caller that stops driving them
-    itself). Returns whether there is a progress thread to do it."""
-    with _engine.lock:
-        if not _engine.use_thread():
-            return False
-        _engine.wake_locked()
-    if _engine.thread is None:
-        _engine._spawn()
-    return True
+def drive(req: Request, seconds: float) -> bool:
+    """Advance the outstanding operations as ``req.wait()`` does, for up to
+    ``seconds``, then leave ``req`` to the progress thread (woken) and
+    return; without a progress thread, wait until it is complete. For a
+    caller that cannot block on one request for long (it has others to
+    drive) but expects this one to be short. Does not raise the request's
+    error (``wait()``/``test()`` do). Returns whether it is complete."""
+    return _engine.wait(req, hot_for=seconds)
 
 
 def progress_thread_active() -> bool:

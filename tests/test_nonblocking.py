@@ -177,8 +177,8 @@ def test_progress_thread_advances_without_test_calls():
 
 def test_short_operations_wait_for_a_wake_up_and_a_callback_can_skip_it():
     """A short operation does not wake a sleeping progress thread (its caller
-    is expected to wait() soon); wake_progress_thread() hands it over, and so
-    does a done-callback unless it says wake=False."""
+    is expected to wait() soon); engine.drive() hands it over when its time
+    is up, and so does a done-callback unless it says wake=False."""
     if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
         pytest.skip("MPI without MPI_THREAD_MULTIPLE: no progress thread")
     import time
@@ -210,7 +210,7 @@ def test_short_operations_wait_for_a_wake_up_and_a_callback_can_skip_it():
         req = mpicoll.iallreduce(np.ones(8, np.float32), algorithm="ring")  # 32 B: no wake-up
         req.add_done_callback(fired.append, wake=False)
         assert not completes_alone(req, 0.5), "a short operation woke the progress thread"
-        assert engine.wake_progress_thread()
+        engine.drive(req, 0.0)  # one round of progress here, then the thread's
         assert completes_alone(req, 60) and fired == [req]
         thread_asleep()
         req = mpicoll.iallreduce(np.ones(8, np.float32), algorithm="ring")

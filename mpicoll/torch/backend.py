@@ -65,6 +65,7 @@ import torch.distributed as dist
 from mpi4py import MPI
 
 import mpicoll
+from mpicoll import api as _api
 
 from . import _completion
 
@@ -129,7 +130,7 @@ class _ViewCache:
     ``t.data = ...``, ``resize_``, ``set_``) is compared on every hit.
     At most ``SIZE`` tensors of at most ``MAX_BYTES`` each are kept."""
 
-    MAX_BYTES = 64 << 10  # mpicoll.api.CACHE_MAX_BYTES: larger calls are not plan-cached anyway
+    MAX_BYTES = _api.CACHE_MAX_BYTES  # larger calls are not plan-cached anyway
     SIZE = 32
 
     def __init__(self):
