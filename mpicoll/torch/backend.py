@@ -391,6 +391,9 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
 
     @staticmethod
     def _copy_back(pairs):
+        """Work's finish(): copy each ``work`` into its ``orig`` (a
+        non-contiguous tensor's contiguous copy back into it, a staging row
+        into an output tensor of a list form); None when nothing is to copy."""
         pairs = [(w, orig) for w, orig in pairs if orig is not None]
         if not pairs:
             return None
@@ -410,6 +413,8 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
             if view is not None:
                 arr, dt = view
                 op = op_name(opts.reduceOp, t.dtype)
+                # dtype= only where needed: mpicoll's cached short path is
+                # quickest with no keyword options at all.
                 if dt is None:
                     mpicoll.allreduce(arr, op, comm=self.comm, out=arr, algorithm=self.algorithm)
                 else:
@@ -444,18 +449,13 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
     # -- all-gather --
     def allgather(self, output_tensors, input_tensors, opts=None):
         """Into a list of p tensors: one gather into a staging buffer, then p copies."""
-        reqs, finishers = [], []
+        reqs, pairs = [], []
         for outs, t in zip(output_tensors, input_tensors):
             work, _ = _contiguous(t)
             staging = torch.empty((self.size(),) + tuple(work.shape), dtype=work.dtype)
             reqs.append(self._run(opts, "allgather", as_bytes(work), out=rows(staging, self.size())))
-            finishers.append((outs, staging))
-
-        def finish():
-            for outs, staging in finishers:
-                for i, o in enumerate(outs):
-                    o.copy_(staging[i])
-        return Work(output_tensors, reqs, finish)
+            pairs += [(staging[i], o) for i, o in enumerate(outs)]
+        return Work(output_tensors, reqs, self._copy_back(pairs))
 
     def all_gather_single(self, output, input, opts=None):  # noqa: A002 (torch's name)
         """all_gather_into_tensor: straight into the output's memory."""
@@ -536,12 +536,8 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
             staging = torch.empty((self.size(),) + tuple(src.shape), dtype=src.dtype)
         req = self._run(opts, "gather", as_bytes(src), root,
                         out=None if staging is None else rows(staging, self.size()))
-
-        def finish():
-            if staging is not None:
-                for i, o in enumerate(output_tensors[0]):
-                    o.copy_(staging[i])
-        return Work(output_tensors, [req], finish)
+        pairs = [] if staging is None else [(staging[i], o) for i, o in enumerate(output_tensors[0])]
+        return Work(output_tensors, [req], self._copy_back(pairs))
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         """From root's list of p tensors, joined into one buffer first (one copy)."""

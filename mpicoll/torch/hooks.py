@@ -91,31 +91,29 @@ def _launch(state: State, bucket: dist.GradBucket, run, finish) -> torch.futures
     at a time on the shared-memory window and lets the blocking call block
     in MPI without starving a nonblocking one."""
     fut = torch.futures.Future()
+
+    def done(err):
+        if err is None:
+            try:
+                fut.set_result(finish())
+                return
+            except BaseException as exc:
+                err = exc
+        fut.set_exception(err)
+
     if bucket.is_last():
         try:
             pending, state.pending = state.pending, []
             for req in pending:
                 req.wait()  # their own futures are completed by their callbacks
             run(False)
-            result = finish()
         except BaseException as exc:
-            fut.set_exception(exc)
+            done(exc)
         else:
-            fut.set_result(result)
+            done(None)
         return fut
     req = run(True)
     state.pending.append(req)
-
-    def done(err):
-        if err is not None:
-            fut.set_exception(err)
-            return
-        try:
-            result = finish()
-        except BaseException as exc:
-            fut.set_exception(exc)
-        else:
-            fut.set_result(result)
     _completion.when_done(req, done)
     return fut
 
