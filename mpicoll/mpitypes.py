@@ -41,10 +41,10 @@ def op_name(op: MPI.Op):
 # Reductions this MPI library's predefined op gets wrong. mpicoll's contract
 # is numpy's arithmetic (integer sums wrap around); Open MPI 5.0's op/avx
 # component adds 8- and 16-bit integers with saturating vector instructions
-# once a buffer has 64 elements or more (found with the PyPI wheel, Open MPI
-# 5.0.11 on an AVX-512 CPU: uint16 65535 + 65534 gave 65535, not 65533; every
-# other dtype and op, and MPICH, matched numpy; open-mpi/ompi#8045 reports
-# it for int16). Decided by library, not by a probe of this CPU: every rank
+# once a buffer fills a vector (found with the PyPI wheel, Open MPI 5.0.11
+# on an AVX-512 CPU: from 8 int16 or 16 int8 elements; uint16 65535 + 65534
+# gave 65535, not 65533; every other dtype and op, and MPICH, matched numpy:
+# `python tools/mpi_op_check.py`; open-mpi/ompi#8045 reports it for int16). Decided by library, not by a probe of this CPU: every rank
 # of a job runs the same library, and all ranks must pass the same MPI_Op.
 _SATURATING_SUMS = frozenset(("int8", "uint8", "int16", "uint16"))
 _vendor = None

@@ -60,7 +60,7 @@ def test_allreduce_exact(algorithm, name):
 def test_integer_sums_wrap_like_numpy(algorithm, name):
     """Sums that overflow wrap around, as numpy's do, with every algorithm
     ("mpi" included: Open MPI's vectorised 8/16-bit sums saturate instead,
-    from 64 elements on, so mpicoll reduces those with its own kernel), and
+    from 8 or 16 elements on, so mpicoll reduces those with its own kernel), and
     through reduce and reduce_scatter."""
     comm = MPI.COMM_WORLD
     p, rank = comm.size, comm.rank
