@@ -66,7 +66,10 @@ class _Cached:
         self.finish = plan.finish
         self.fn = self.args = None
         nat = plan.native
-        if nat is not None and plan.timeout is None:
+        # The direct call skips the plan's stage/prologue: only for plans
+        # that have none (an input staged through a private copy must be
+        # refreshed at every call, see buffers.as_input).
+        if nat is not None and plan.timeout is None and plan.stage is None and plan.prologue is None:
             direct = nat.direct() if nat.direct is not None else None
             if direct is not None:
                 self.fn, self.args = direct
@@ -81,6 +84,8 @@ def short(c: _Cached, x, out, op, comm, algorithm):
     if c.out is not out or c.op is not op or c.comm is not comm or c.algorithm is not algorithm \
             or x.shape != c.shape or x.dtype is not c.dtype or c.st.freed:
         return None
+    if out is not None and not out.flags.writeable:
+        return None  # made read-only since: the full path raises the usual error
     env = c.env
     if _DATA.get(_K1) is not env[0] or _DATA.get(_K2) is not env[1] or _DATA.get(_K3) is not env[2]:
         return None  # (identity: the values os.environ holds; any change rebuilds the plan)
@@ -88,11 +93,16 @@ def short(c: _Cached, x, out, op, comm, algorithm):
     if fn is None:  # a point-to-point algorithm: the plan's schedule
         res = c.plan.run()
         return res.copy() if out is None else res
-    c.st.seq += 1
-    if fn(*c.args):
-        _direct.check(1)
-    if c.finish is not None:
-        c.finish()
+    st = c.st
+    _plan.enter(st)
+    try:
+        st.seq += 1
+        if fn(*c.args):
+            _direct.check(1)
+        if c.finish is not None:
+            c.finish()
+    finally:
+        st.busy.release()
     return out if out is not None else c.plan.result.copy()
 
 

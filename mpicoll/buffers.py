@@ -12,37 +12,67 @@ import numpy as np
 from . import dtypes as _dtypes
 
 
-def as_array(x, what: str = "x") -> np.ndarray:
-    """A C-contiguous ndarray over ``x``'s memory (copied if it was not contiguous).
+def view(x, what: str = "x") -> np.ndarray:
+    """An ndarray over ``x``'s own memory (never a copy; possibly strided).
 
     Accepts numpy arrays and scalars, anything with the buffer protocol
     (bytearray, array.array, memoryview, ...) and DLPack producers.
     """
     if isinstance(x, np.ndarray):
-        arr = x
-    elif isinstance(x, np.generic):
-        arr = np.asarray(x)
-    else:
-        try:
-            arr = np.asarray(memoryview(x))
-        except TypeError:
-            if hasattr(x, "__dlpack__"):
-                arr = np.from_dlpack(x)
-            else:
-                raise TypeError(f"mpicoll: {what} must be a numpy array or support the buffer protocol, "
-                                f"not {type(x).__name__}") from None
-    if not arr.flags.c_contiguous:
-        arr = np.ascontiguousarray(arr)
-    return arr
+        return x
+    if isinstance(x, np.generic):
+        return np.asarray(x)
+    try:
+        return np.asarray(memoryview(x))
+    except TypeError:
+        if hasattr(x, "__dlpack__"):
+            return np.from_dlpack(x)
+        raise TypeError(f"mpicoll: {what} must be a numpy array or support the buffer protocol, "
+                        f"not {type(x).__name__}") from None
+
+
+def as_array(x, what: str = "x") -> np.ndarray:
+    """A C-contiguous ndarray with ``x``'s contents: ``x``'s memory itself, or
+    a copy taken now if it was not contiguous. Only for a call that reads
+    ``x`` once, now; a plan that runs again later uses ``as_input``."""
+    arr = view(x, what)
+    return arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
+
+
+def _restage(dst: np.ndarray, src: np.ndarray):
+    def stage():
+        np.copyto(dst, src, casting="no")
+    return stage
+
+
+def as_input(x, what: str = "x", aligned: bool = False):
+    """(array, stage) for an input a plan reads every time it runs.
+
+    ``array`` is C-contiguous (and, with ``aligned``, aligned to its
+    itemsize, as the C kernels require). When ``x``'s memory already is,
+    ``array`` is that memory and ``stage`` is None. Otherwise ``array`` is a
+    private copy and ``stage()`` refreshes it from ``x``: a plan must call it
+    at every run, or a kept plan (the small-message cache, a persistent
+    request) would reduce the values ``x`` held when the plan was built - a
+    strided column ``A[:, 0]`` that a solver updates between calls, say.
+    Being a local copy, it changes nothing the other ranks see.
+    """
+    arr = view(x, what)
+    if arr.flags.c_contiguous and (arr.flags.aligned or not aligned):
+        return arr, None
+    copy = np.empty(arr.shape, arr.dtype)
+    stage = _restage(copy, arr)
+    stage()
+    return copy, stage
 
 
 def as_reducible(x, dtype=None, what: str = "x"):
-    """(array, DType) for an input that will be reduced."""
-    if type(x) is np.ndarray and x.flags.c_contiguous:  # the common case, without the checks' cost
-        arr = x
+    """(array, DType, stage) for an input that will be reduced (see as_input)."""
+    if type(x) is np.ndarray and x.flags.c_contiguous and x.flags.aligned:  # the common case, cheaply
+        arr, stage = x, None
     else:
-        arr = as_array(x, what)
-    return arr, _dtypes.resolve(arr.dtype, dtype)
+        arr, stage = as_input(x, what, aligned=True)
+    return arr, _dtypes.resolve(arr.dtype, dtype), stage
 
 
 def storage(arr: np.ndarray, dt: _dtypes.DType) -> np.ndarray:
@@ -75,6 +105,21 @@ def output(out, shape, dtype: np.dtype, what: str = "out") -> np.ndarray:
     if not out.flags.writeable:
         raise ValueError(f"mpicoll: {what} is read-only")
     return out
+
+
+def aligned_output(result: np.ndarray):
+    """(work, unstage) for a result the C kernels will reduce into.
+
+    The kernels need elements aligned to their itemsize. A valid output
+    buffer may not be (a view at an odd byte offset into a bytearray, say):
+    then ``work`` is an aligned private array and ``unstage()`` copies it
+    into ``result`` once the collective is done; otherwise ``work`` is
+    ``result`` and ``unstage`` None. Found here, before any message is sent,
+    and purely local, so the other ranks never notice."""
+    if result.flags.aligned:
+        return result, None
+    work = np.empty(result.shape, result.dtype)
+    return work, _restage(result, work)
 
 
 def same_memory(a: np.ndarray, b: np.ndarray) -> bool:

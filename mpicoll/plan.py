@@ -143,20 +143,40 @@ def knobs_of(entry, knobs) -> dict:
 
 # ---- the plan ---------------------------------------------------------------------
 
+def enter(st) -> None:
+    """Take ``st.busy`` for one thread's blocking run or start of a collective.
+
+    MPI requires the collectives of one communicator to be called in the
+    same order on every rank, which two threads of a rank calling at once
+    cannot promise; mpicoll's blocking scratch and call sequence are per
+    communicator too. So a second thread on the same communicator is an
+    error, said at once rather than found later as a wrong sum (use one
+    communicator per thread: ``comm.Dup()``). ``acquire(False)`` is atomic:
+    the check cannot race."""
+    if not st.busy.acquire(False):
+        raise RuntimeError(
+            f"mpicoll: another thread is inside a collective on this communicator (rank {st.rank}); mpicoll "
+            "collectives on one communicator must not be called from two threads at once - give each "
+            "thread its own communicator (comm.Dup())")
+
+
 class Plan:
     """One validated collective call, ready to run.
 
-    ``schedule(ctx)`` makes the schedule generator; ``prologue()`` runs at
-    every (re)start before it (copy the input into a work buffer),
+    ``schedule(ctx)`` makes the schedule generator; ``stage()`` runs first at
+    every (re)start (it refreshes a private copy of an input that was not
+    contiguous or aligned, see buffers.as_input), then ``prologue()`` (copy
+    the input into a work buffer),
     ``finish()`` after it (avg's scaling, copies out); both may be None.
     """
 
     __slots__ = ("st", "collective", "algorithm", "nbytes", "result", "schedule", "prologue", "finish",
-                 "timeout", "pool", "native", "check_sig", "entry")
+                 "timeout", "pool", "native", "check_sig", "entry", "stage")
 
     def __init__(self, st, collective, algorithm, nbytes, result, schedule, *, prologue=None, finish=None,
-                 timeout=None, native=None):
+                 timeout=None, native=None, stage=None):
         self.st = st
+        self.stage = stage
         self.collective = collective
         self.algorithm = algorithm
         self.nbytes = nbytes
@@ -177,24 +197,40 @@ class Plan:
 
     def run(self):
         """Blocking."""
-        if self.prologue is not None:
-            self.prologue()
-        if self.schedule is not None:
-            if self.native is not None and self.timeout is None:
-                self.st.seq += 1  # the call's number, for the flight recorder
-                self.native.blocking()
-                if self.native.after is not None:
-                    self.native.after()
-            else:
-                deadline = None if self.timeout is None else time.monotonic() + self.timeout
-                _sched.run(self.schedule(self._context(self.pool if self.pool is not None else self.st.pool)),
-                           deadline)
-        if self.finish is not None:
-            self.finish()
+        st = self.st
+        enter(st)
+        try:
+            if self.stage is not None:
+                self.stage()
+            if self.prologue is not None:
+                self.prologue()
+            if self.schedule is not None:
+                if self.native is not None and self.timeout is None:
+                    st.seq += 1  # the call's number, for the flight recorder
+                    self.native.blocking()
+                    if self.native.after is not None:
+                        self.native.after()
+                else:
+                    deadline = None if self.timeout is None else time.monotonic() + self.timeout
+                    _sched.run(self.schedule(self._context(self.pool if self.pool is not None else st.pool)),
+                               deadline)
+            if self.finish is not None:
+                self.finish()
+        finally:
+            st.busy.release()
         return self.result
 
     def start(self, pool=None) -> engine.Request:
         """Nonblocking: the request runs the schedule under the progress engine."""
+        enter(self.st)
+        try:
+            return self._start(pool)
+        finally:
+            self.st.busy.release()
+
+    def _start(self, pool):
+        if self.stage is not None:
+            self.stage()
         if self.prologue is not None:
             self.prologue()
         if self.schedule is None:
@@ -218,6 +254,17 @@ class Plan:
 
         gen = self.schedule(self._context(pool))
         return engine.start(gen, self.result, finish, deadline, self.nbytes)
+
+
+def _then(first, second):
+    """Two optional finishing steps as one (None when both are None)."""
+    if first is None or second is None:
+        return first or second
+
+    def both():
+        first()
+        second()
+    return both
 
 
 def _finish(st, red, flat):
@@ -293,7 +340,7 @@ def _allreduce(x, op, comm, out, algorithm, dtype, compression, reproducible, ch
     if compression is not None:
         return _compressed(x, op, comm, out, algorithm, dtype, compression, reproducible, check_on, timeout,
                            forced, nonblocking)
-    arr, dt = buffers.as_reducible(x, dtype)
+    arr, dt, stage = buffers.as_reducible(x, dtype)
     red = reduction(op, dt)
     name = requested("allreduce", algorithm, forced)
     entry = None if name == "auto" else _alg.get("allreduce", name)
@@ -307,7 +354,8 @@ def _allreduce(x, op, comm, out, algorithm, dtype, compression, reproducible, ch
     else:
         result = buffers.output(out, arr.shape, arr.dtype)
         src = None if buffers.same_memory(result, arr) else buffers.storage(arr, dt)
-    flat = buffers.storage(result, dt)
+    work, unstage = buffers.aligned_output(result)  # a misaligned out: arr is then a staged copy, src not None
+    flat = buffers.storage(work, dt)
     # -- stage 2 --
     st = state(comm, timeout, "allreduce")
     p = st.size
@@ -322,8 +370,8 @@ def _allreduce(x, op, comm, out, algorithm, dtype, compression, reproducible, ch
             if src is not None:
                 flat[...] = src
 
-        return Plan(st, "allreduce", name, flat.nbytes, result, None, prologue=copy, finish=_finish(st, red, flat),
-                    timeout=timeout)
+        return Plan(st, "allreduce", name, flat.nbytes, result, None, prologue=copy,
+                    finish=_then(_finish(st, red, flat), unstage), timeout=timeout, stage=stage)
     if reproducible:
         from .algorithms import reproducible as _rep
 
@@ -332,7 +380,7 @@ def _allreduce(x, op, comm, out, algorithm, dtype, compression, reproducible, ch
                 dict(count=arr.size, dtype=dt.name, op=red.op.name), timeout)
         _rep.prepare(st, flat)
         plan = Plan(st, "allreduce", name, flat.nbytes, result, lambda ctx: _rep.allreduce(ctx, flat, red, src),
-                    finish=_finish(st, red, flat), timeout=timeout)
+                    finish=_then(_finish(st, red, flat), unstage), timeout=timeout, stage=stage)
         return _blocking_pool(plan, nonblocking)
     if entry is None:
         c = select.allreduce(p, flat.nbytes, red.op.name, dt.name, native_dtype=native, profile=st.profile,
@@ -346,7 +394,7 @@ def _allreduce(x, op, comm, out, algorithm, dtype, compression, reproducible, ch
     sched = entry.schedule
     plan = Plan(st, "allreduce", name, flat.nbytes, result,
                 (lambda ctx: sched(ctx, flat, red, src, **knobs)) if knobs else (lambda ctx: sched(ctx, flat, red, src)),
-                finish=_finish(st, red, flat), timeout=timeout)
+                finish=_then(_finish(st, red, flat), unstage), timeout=timeout, stage=stage)
     if entry.native is not None:
         plan.native = entry.native(st.comm, flat, red, src)
     return _blocking_pool(plan, nonblocking)
@@ -358,7 +406,7 @@ def _compressed(x, op, comm, out, algorithm, dtype, compression, reproducible, c
 
     if reproducible:
         raise ValueError("mpicoll: compression is lossy; it cannot be combined with reproducible=True")
-    arr = buffers.as_array(x)
+    arr, stage = buffers.as_input(x, aligned=True)
     if dtype is not None and np.dtype(dtype) != arr.dtype:
         raise TypeError(f"mpicoll: compression applies to float32 and float64 data, not dtype={dtype!r}")
     o, c = _compression.check_args(arr, op, compression)
@@ -376,7 +424,7 @@ def _compressed(x, op, comm, out, algorithm, dtype, compression, reproducible, c
                          timeout=timeout)
     src, dst = arr.reshape(-1), result.reshape(-1)
     plan = Plan(st, "allreduce", name, dst.nbytes, result,
-                lambda ctx: _compression.schedule(ctx, src, dst, o.average, c), timeout=timeout)
+                lambda ctx: _compression.schedule(ctx, src, dst, o.average, c), timeout=timeout, stage=stage)
     return _blocking_pool(plan, nonblocking)
 
 
@@ -385,7 +433,7 @@ def _compressed(x, op, comm, out, algorithm, dtype, compression, reproducible, c
 def reduce_scatter(x, op="sum", *, comm=None, counts=None, out=None, algorithm="auto", dtype=None, check=None,
                    timeout=None, knobs=None, nonblocking=False) -> Plan:
     name, entry, knobs, check_on, timeout = options("reduce_scatter", algorithm, check, timeout, knobs)
-    arr, dt = buffers.as_reducible(x, dtype)
+    arr, dt, stage = buffers.as_reducible(x, dtype)
     red = reduction(op, dt)
     comm = check_intracomm(comm)
     p, rank = comm.Get_size(), comm.Get_rank()
@@ -402,7 +450,8 @@ def reduce_scatter(x, op="sum", *, comm=None, counts=None, out=None, algorithm="
         bounds = counts_to_bounds(counts)
     a, b = bounds[rank]
     result = buffers.output(out, (b - a,), arr.dtype)
-    flat = buffers.storage(result, dt)
+    work_out, unstage = buffers.aligned_output(result)
+    flat = buffers.storage(work_out, dt)
     srcflat = buffers.storage(arr, dt)
     st = state(comm, timeout, "reduce_scatter")
     pool = {} if nonblocking else st.pool
@@ -419,13 +468,15 @@ def reduce_scatter(x, op="sum", *, comm=None, counts=None, out=None, algorithm="
     def finish():
         flat[...] = work[a:b]
         red.finish(flat, p)
+        if unstage is not None:
+            unstage()
 
     sched = None
     if p > 1:
         s = entry.schedule
         sched = lambda ctx: s(ctx, work, red, bounds, **knobs)  # noqa: E731
     plan = Plan(st, "reduce_scatter", name, srcflat.nbytes, result, sched, prologue=prologue, finish=finish,
-                timeout=timeout)
+                timeout=timeout, stage=stage)
     plan.pool = pool
     if p > 1 and name == "mpi":
         longest = max(hi - lo for lo, hi in bounds)
@@ -439,7 +490,7 @@ def reduce_scatter(x, op="sum", *, comm=None, counts=None, out=None, algorithm="
 def allgather(x, *, comm=None, out=None, algorithm="auto", check=None, timeout=None, knobs=None,
               nonblocking=False) -> Plan:
     name, entry, knobs, check_on, timeout = options("allgather", algorithm, check, timeout, knobs)
-    arr = buffers.as_array(x)
+    arr, stage = buffers.as_input(x)
     comm = check_intracomm(comm)
     p, rank = comm.Get_size(), comm.Get_rank()
     result = buffers.output(out, (p,) + arr.shape, arr.dtype)
@@ -447,8 +498,10 @@ def allgather(x, *, comm=None, out=None, algorithm="auto", check=None, timeout=N
     mine = buffers.as_bytes(arr)
     if np.may_share_memory(flat, mine) and mine.size:
         raise ValueError("mpicoll: x overlaps out (allgather places x in row rank of out itself)")
-    return allgather_bytes(comm, flat, mine, rank, p, name, entry, knobs, check_on, timeout, result,
+    plan = allgather_bytes(comm, flat, mine, rank, p, name, entry, knobs, check_on, timeout, result,
                            dict(count=arr.size, dtype=(arr.dtype.str, arr.shape)), nonblocking)
+    plan.stage = stage
+    return plan
 
 
 def allgather_bytes(comm, flat, mine, rank, p, name, entry, knobs, check_on, timeout, result, sig, nonblocking,
@@ -481,9 +534,9 @@ def allgather_bytes(comm, flat, mine, rank, p, name, entry, knobs, check_on, tim
 def bcast(x, root=0, *, comm=None, algorithm="auto", check=None, timeout=None, knobs=None,
           nonblocking=False) -> Plan:
     name, entry, knobs, check_on, timeout = options("bcast", algorithm, check, timeout, knobs)
-    if isinstance(x, np.ndarray) and not x.flags.c_contiguous:
+    arr = buffers.view(x)
+    if not arr.flags.c_contiguous:  # a copy would receive the data, not x
         raise ValueError("mpicoll: bcast writes in place, so x must be C-contiguous")
-    arr = buffers.as_array(x)
     if not arr.flags.writeable:
         raise ValueError("mpicoll: bcast writes in place, so x must be writable")
     comm = check_intracomm(comm)
@@ -511,7 +564,7 @@ def bcast_bytes(comm, data, root, name, entry, knobs, check_on, timeout, result,
 def reduce(x, op="sum", root=0, *, comm=None, out=None, algorithm="auto", dtype=None, check=None, timeout=None,
            knobs=None, nonblocking=False) -> Plan:
     name, entry, knobs, check_on, timeout = options("reduce", algorithm, check, timeout, knobs)
-    arr, dt = buffers.as_reducible(x, dtype)
+    arr, dt, stage = buffers.as_reducible(x, dtype)
     red = reduction(op, dt)
     comm = check_intracomm(comm)
     root = root_of(root, comm.Get_size())
@@ -521,9 +574,11 @@ def reduce(x, op="sum", root=0, *, comm=None, out=None, algorithm="auto", dtype=
     st = state(comm, timeout, "reduce")
     p = st.size
     pool = {} if nonblocking else st.pool
+    unstage = None
     if is_root:
-        work = buffers.storage(result, dt)
-        copy_in = not buffers.same_memory(result, arr)
+        aligned, unstage = buffers.aligned_output(result)
+        work = buffers.storage(aligned, dt)
+        copy_in = unstage is not None or not buffers.same_memory(result, arr)
     else:  # the algorithms overwrite their buffer: never the caller's input
         work = _sched.scratch(pool, "reduce", src.size, src.dtype)
         copy_in = True
@@ -540,7 +595,7 @@ def reduce(x, op="sum", root=0, *, comm=None, out=None, algorithm="auto", dtype=
         s = entry.schedule
         sched = lambda ctx: s(ctx, work, red, root, **knobs)  # noqa: E731
     plan = Plan(st, "reduce", name, work.nbytes, result, sched, prologue=prologue,
-                finish=_finish(st, red, work) if is_root else None, timeout=timeout)
+                finish=_then(_finish(st, red, work), unstage) if is_root else None, timeout=timeout, stage=stage)
     plan.pool = pool
     if p > 1 and name == "mpi":
         plan.native = _mpi.reduce_call(st.comm, work, red, root)
@@ -585,10 +640,17 @@ class Persistent:
         plan = self._plan
         self._active = True
         if self._mpi is not None:
-            if plan.prologue is not None:
-                plan.prologue()
-            plan.st.seq += 1
-            self._mpi.Start()
+            st = plan.st
+            enter(st)
+            try:
+                if plan.stage is not None:
+                    plan.stage()
+                if plan.prologue is not None:
+                    plan.prologue()
+                st.seq += 1
+                self._mpi.Start()
+            finally:
+                st.busy.release()
             self._deadline = None if plan.timeout is None else time.monotonic() + plan.timeout
         else:
             self._req = plan.start(self._pool)
@@ -744,6 +806,13 @@ def family_plan(st, collective, name, entry, knobs, nbytes, result, args, *, pro
     return _blocking_pool(plan, nonblocking)
 
 
+def _staged(plan: Plan, stage) -> Plan:
+    """``plan`` refreshing its private copy of a non-contiguous input at
+    every run (buffers.as_input)."""
+    plan.stage = stage
+    return plan
+
+
 def _dtype_of(x, out, what):
     if x is not None:
         return buffers.as_array(x)
@@ -760,7 +829,7 @@ def scatter(x, root=0, *, comm=None, out=None, counts=None, algorithm="auto", ch
     is_root = rank == root
     if x is None and (is_root or out is None):
         raise TypeError("mpicoll: scatter needs x on the root, and x or out on the other ranks")
-    arr = buffers.as_array(x) if x is not None else None
+    arr, stage = buffers.as_input(x) if x is not None else (None, None)
     if counts is None:
         if arr is not None:
             if arr.ndim == 0 or arr.shape[0] != p:
@@ -791,8 +860,9 @@ def scatter(x, root=0, *, comm=None, out=None, counts=None, algorithm="auto", ch
         buf = mine
     sig = dict(count=cnts[0] if counts is None else -1, dtype=dtype.str, root=root,
                counts=None if counts is None else cnts)
-    return family_plan(st, "scatter", name, entry, knobs, bounds[-1][1], result, (buf, bounds, root),
-                       prologue=copy, timeout=timeout, check_on=check_on, sig=sig, nonblocking=nonblocking)
+    return _staged(family_plan(st, "scatter", name, entry, knobs, bounds[-1][1], result, (buf, bounds, root),
+                               prologue=copy, timeout=timeout, check_on=check_on, sig=sig, nonblocking=nonblocking),
+                   stage if is_root else None)
 
 
 def gather(x, root=0, *, comm=None, out=None, counts=None, algorithm="auto", check=None, timeout=None,
@@ -801,7 +871,7 @@ def gather(x, root=0, *, comm=None, out=None, counts=None, algorithm="auto", che
     p, rank = comm.Get_size(), comm.Get_rank()
     root = root_of(root, p)
     is_root = rank == root
-    arr = buffers.as_array(x)
+    arr, stage = buffers.as_input(x)
     if counts is None:
         cnts = [arr.size] * p
         shape = (p,) + arr.shape
@@ -826,8 +896,9 @@ def gather(x, root=0, *, comm=None, out=None, counts=None, algorithm="auto", che
         buf = mine
     sig = dict(count=cnts[0] if counts is None else -1, dtype=arr.dtype.str, root=root,
                counts=None if counts is None else cnts)
-    return family_plan(st, "gather", name, entry, knobs, bounds[-1][1], result, (buf, bounds, root),
-                       prologue=copy, timeout=timeout, check_on=check_on, sig=sig, nonblocking=nonblocking)
+    return _staged(family_plan(st, "gather", name, entry, knobs, bounds[-1][1], result, (buf, bounds, root),
+                               prologue=copy, timeout=timeout, check_on=check_on, sig=sig, nonblocking=nonblocking),
+                   stage)
 
 
 def allgatherv(x, counts, *, comm=None, out=None, algorithm="auto", check=None, timeout=None, knobs=None,
@@ -835,7 +906,7 @@ def allgatherv(x, counts, *, comm=None, out=None, algorithm="auto", check=None, 
     check_on, timeout, name, entry, knobs, comm = _family_args("allgatherv", algorithm, check, timeout, knobs,
                                                                comm)
     p, rank = comm.Get_size(), comm.Get_rank()
-    arr = buffers.as_array(x)
+    arr, stage = buffers.as_input(x)
     cnts = counts_of(counts, p)
     if arr.size != cnts[rank]:
         raise ValueError(f"mpicoll: x has {arr.size} elements, counts[{rank}] is {cnts[rank]}")
@@ -849,9 +920,10 @@ def allgatherv(x, counts, *, comm=None, out=None, algorithm="auto", check=None, 
         def copy():
             flat[a:b] = mine
     st = state(comm)
-    return family_plan(st, "allgatherv", name, entry, knobs, flat.nbytes, result, (flat, bounds), prologue=copy,
-                       timeout=timeout, check_on=check_on, sig=dict(count=-1, dtype=arr.dtype.str, counts=cnts),
-                       nonblocking=nonblocking, empty=flat.nbytes == 0)
+    return _staged(family_plan(st, "allgatherv", name, entry, knobs, flat.nbytes, result, (flat, bounds),
+                               prologue=copy, timeout=timeout, check_on=check_on,
+                               sig=dict(count=-1, dtype=arr.dtype.str, counts=cnts), nonblocking=nonblocking,
+                               empty=flat.nbytes == 0), stage)
 
 
 def _alltoall_plan(collective, comm, arr, result, scounts, rcounts, name, entry, knobs, check_on, timeout, sig,
@@ -883,13 +955,14 @@ def alltoall(x, *, comm=None, out=None, algorithm="auto", check=None, timeout=No
              nonblocking=False) -> Plan:
     check_on, timeout, name, entry, knobs, comm = _family_args("alltoall", algorithm, check, timeout, knobs, comm)
     p = comm.Get_size()
-    arr = buffers.as_array(x)
+    arr, stage = buffers.as_input(x)
     if arr.ndim == 0 or arr.shape[0] != p:
         raise ValueError(f"mpicoll: alltoall's x must have shape (p, ...) = ({p}, ...), not {arr.shape}")
     result = buffers.output(out, arr.shape, arr.dtype)
     block = arr.size // p
-    return _alltoall_plan("alltoall", comm, arr, result, [block] * p, [block] * p, name, entry, knobs, check_on,
-                          timeout, dict(count=block, dtype=arr.dtype.str), nonblocking, arr.nbytes)
+    return _staged(_alltoall_plan("alltoall", comm, arr, result, [block] * p, [block] * p, name, entry, knobs,
+                                  check_on, timeout, dict(count=block, dtype=arr.dtype.str), nonblocking, arr.nbytes),
+                   stage)
 
 
 def alltoallv(x, sendcounts, recvcounts, *, comm=None, out=None, algorithm="auto", check=None, timeout=None,
@@ -897,7 +970,7 @@ def alltoallv(x, sendcounts, recvcounts, *, comm=None, out=None, algorithm="auto
     check_on, timeout, name, entry, knobs, comm = _family_args("alltoallv", algorithm, check, timeout, knobs,
                                                                comm)
     p = comm.Get_size()
-    arr = buffers.as_array(x)
+    arr, stage = buffers.as_input(x)
     sc = counts_of(sendcounts, p, "sendcounts")
     rc = counts_of(recvcounts, p, "recvcounts")
     if arr.size != sum(sc):
@@ -905,5 +978,5 @@ def alltoallv(x, sendcounts, recvcounts, *, comm=None, out=None, algorithm="auto
     result = buffers.output(out, (sum(rc),), arr.dtype)
     # Only the ranks' own counts are known here, so the decision must not
     # depend on them: nbytes -1 (select.family's size-free rule).
-    return _alltoall_plan("alltoallv", comm, arr.reshape(-1), result, sc, rc, name, entry, knobs, check_on,
-                          timeout, dict(count=-1, dtype=arr.dtype.str), nonblocking, -1)
+    return _staged(_alltoall_plan("alltoallv", comm, arr.reshape(-1), result, sc, rc, name, entry, knobs, check_on,
+                                  timeout, dict(count=-1, dtype=arr.dtype.str), nonblocking, -1), stage)
