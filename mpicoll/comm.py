@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 import zlib
 
@@ -87,6 +88,10 @@ class CommState:
         self.extra = {}  # per-algorithm cached state (e.g. node communicators)
         self.seq = 0
         self.freed = False
+        # Held while a thread runs or starts a collective on this communicator
+        # (plan.enter): a second thread arriving meanwhile gets a clear error
+        # instead of sharing the scratch and the call sequence (wrong sums).
+        self.busy = threading.Lock()
         # MPI guarantees tags up to 32767; tag 0 stays free for nothing in particular.
         self.tag_span = max(1024, min(int(MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) or 32767), 1 << 20) - 1)
         try:
