@@ -11,11 +11,15 @@
  * Semantics, chosen to match numpy so tests can compare bit for bit:
  *  - integer sum and prod wrap modulo 2^bits (computed in unsigned
  *    arithmetic, so there is no undefined signed overflow);
- *  - min/max on floats: NaN in either operand gives NaN (a's NaN if both),
- *    otherwise ties (including -0.0 vs +0.0) return a. That is
- *    np.minimum/np.maximum's NaN rule; for a -0.0/+0.0 tie numpy leaves the
- *    sign unspecified (numpy 2.x returns b for float32/float64, a for
- *    float16), so only the NaN rule and the values match numpy;
+ *  - min/max on floats: NaN in either operand gives that NaN, as
+ *    np.minimum/np.maximum do; and the result's bits do not depend on the
+ *    operand order, so every rank gets the same bits whatever order an
+ *    algorithm (or the MPI library, running this kernel as a commutative
+ *    user op) combines them in: min(-0.0, +0.0) is -0.0 and max is +0.0
+ *    (IEEE 754-2019 minimum/maximum), and two NaNs give the bitwise OR of
+ *    both (a NaN, and the same either way round). numpy leaves those two
+ *    ties unspecified, so the values match numpy and the bits match across
+ *    ranks;
  *  - logical ops give 1 or 0 in the operand type, as MPI_LAND etc.;
  *  - float16 and bfloat16 widen to float32, apply the op, round back to
  *    nearest even: bit-identical to numpy's float16 arithmetic.
@@ -61,11 +65,38 @@
     BINOP(lor_##S, T, (x != 0) | (y != 0))                                    \
     BINOP(lxor_##S, T, (x != 0) ^ (y != 0))
 
-#define FLOAT_KERNELS(S, T)                                                   \
+/* Float min/max done on the bits (U, the unsigned type of the float's
+ * width; I, the signed one), order-independent and branch-free so the loops
+ * vectorise:
+ *  - a float's bits become a signed integer key that sorts like the float
+ *    (negative floats get their magnitude bits flipped), with -0.0 just below
+ *    +0.0; two keys are equal only for equal bits, so the smaller key is
+ *    IEEE 754-2019's minimum whatever the operand order;
+ *  - a NaN (magnitude above infinity's) overrides that: the one NaN, or the
+ *    OR of two (still a NaN, the same either way round).
+ * MAG is the mask of everything but the sign bit, INF infinity's bits. */
+#define FLOAT_MINMAX(NAME, U, I, MAG, INF, WINS)                              \
+    static inline __attribute__((always_inline)) U NAME(U x, U y)             \
+    {                                                                         \
+        I kx = (I)(x ^ ((U)((I)x >> (sizeof(U) * 8 - 1)) & (MAG)));           \
+        I ky = (I)(y ^ ((U)((I)y >> (sizeof(U) * 8 - 1)) & (MAG)));           \
+        U ordered = kx WINS ky ? x : y;                                       \
+        int nx = (x & (MAG)) > (INF), ny = (y & (MAG)) > (INF);               \
+        U nan = nx ? (ny ? (x | y) : x) : y;                                  \
+        return (nx | ny) ? nan : ordered;                                     \
+    }
+
+FLOAT_MINMAX(fmin_bits32, uint32_t, int32_t, 0x7fffffffu, 0x7f800000u, <)
+FLOAT_MINMAX(fmax_bits32, uint32_t, int32_t, 0x7fffffffu, 0x7f800000u, >)
+FLOAT_MINMAX(fmin_bits64, uint64_t, int64_t, 0x7fffffffffffffffull, 0x7ff0000000000000ull, <)
+FLOAT_MINMAX(fmax_bits64, uint64_t, int64_t, 0x7fffffffffffffffull, 0x7ff0000000000000ull, >)
+
+/* min/max run over the floats' bits as U (the kernels are type-erased). */
+#define FLOAT_KERNELS(S, T, U, BITS)                                          \
     BINOP(sum_##S, T, x + y)                                                  \
     BINOP(prod_##S, T, x * y)                                                 \
-    BINOP(min_##S, T, (x <= y || x != x) ? x : y)                             \
-    BINOP(max_##S, T, (x >= y || x != x) ? x : y)
+    BINOP(min_##S, U, fmin_bits##BITS(x, y))                                  \
+    BINOP(max_##S, U, fmax_bits##BITS(x, y))
 
 INT_KERNELS(i8, int8_t, uint32_t)
 INT_KERNELS(i16, int16_t, uint32_t)
@@ -75,8 +106,8 @@ INT_KERNELS(u8, uint8_t, uint32_t)
 INT_KERNELS(u16, uint16_t, uint32_t)
 INT_KERNELS(u32, uint32_t, uint32_t)
 INT_KERNELS(u64, uint64_t, uint64_t)
-FLOAT_KERNELS(f32, float)
-FLOAT_KERNELS(f64, double)
+FLOAT_KERNELS(f32, float, uint32_t, 32)
+FLOAT_KERNELS(f64, double, uint64_t, 64)
 
 /* ---- 16-bit floats: widen a block to float32, apply, round back -------- */
 

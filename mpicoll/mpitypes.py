@@ -57,12 +57,23 @@ def _is_open_mpi() -> bool:
     return _vendor == "Open MPI"
 
 
+# Float min/max: MPI leaves NaN to the implementation, and MPICH's and Open
+# MPI's MPI_MIN/MPI_MAX are "a < b ? a : b", which keeps or drops a NaN
+# depending on the operand order: allreduce of [nan, 5.0] over two ranks
+# gave nan on one rank and 5.0 on the other (MPICH 5.0 wheel). mpicoll's
+# promise is numpy's rule (NaN propagates) with the same bits on every
+# rank, which its kernel keeps whatever the order (csrc/reduce.c).
+_UNORDERED_OPS = frozenset(("min", "max"))
+
+
 def reduces_natively(dtype, op) -> bool:
     """Whether the MPI library's predefined op reduces ``dtype`` (a
     ``mpicoll.dtypes.DType``) with ``op`` (a ``mpicoll.ops.Op``) to numpy's
-    result. Where it does not, the "mpi" algorithm reduces with mpicoll's
-    C kernel as a user-defined MPI_Op, and "auto" treats the pair as it
-    treats float16 (mpicoll's own algorithms)."""
+    result, with the same bits on every rank. Where it does not, the "mpi"
+    algorithm reduces with mpicoll's C kernel as a user-defined MPI_Op, and
+    "auto" treats the pair as it treats float16 (mpicoll's own algorithms)."""
     if not dtype.native:
+        return False
+    if dtype.is_float and op.name in _UNORDERED_OPS:
         return False
     return not (op.name in ("sum", "avg") and dtype.name in _SATURATING_SUMS and _is_open_mpi())

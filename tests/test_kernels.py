@@ -78,15 +78,32 @@ def test_kernel_writes_only_its_buffer():
     assert (guard[:10] == 7).all() and (guard[90:] == 7).all() and (dst == 2).all()
 
 
-def test_min_max_nan_and_signed_zero_rule():
-    a = np.array([np.nan, 1.0, np.nan, -0.0, 0.0, 2.0], np.float32)
-    b = np.array([1.0, np.nan, np.nan, 0.0, -0.0, 2.0], np.float32)
+@pytest.mark.parametrize("name", ["float32", "float64", "float16", "bfloat16"])
+def test_min_max_nan_and_signed_zero_rule(name):
+    """NaN propagates (numpy's rule), and the result's bits do not depend on
+    the operand order: ranks that combine the same values in another order
+    (the MPI library running the kernel as a commutative op) get the same
+    bits. The two ties numpy leaves open: -0.0/+0.0 (min -0.0, max +0.0) and
+    two NaNs (the OR of their bits)."""
+    dt = np_dtype(name)
+    bits = np.dtype(f"uint{8 * np.dtype(dt).itemsize}")
+    nan1 = np.array([np.nan], dt)
+    nan2 = (nan1.view(bits) | 1).view(dt)  # another payload
+    special = np.concatenate([np.array([np.nan, -np.nan, 0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, 2.0], dt),
+                              nan2])
+    a = np.repeat(special, special.size)
+    b = np.tile(special, special.size)
     for op, ref in (("min", np.minimum), ("max", np.maximum)):
-        dst = np.empty_like(a)
-        kernels.reduce(op, dst, a, b)
-        assert_same(dst, ref(a, b), "float32", op)
-        # ties return the first operand, sign of zero included
-        assert np.signbit(dst[3]) and not np.signbit(dst[4])
+        ab, ba = np.empty_like(a), np.empty_like(a)
+        kernels.reduce(op, ab, a, b, dtype=name)
+        kernels.reduce(op, ba, b, a, dtype=name)
+        assert ab.view(bits).tobytes() == ba.view(bits).tobytes(), "bits depend on the operand order"
+        np.testing.assert_array_equal(ab.astype(np.float64), ref(a.astype(np.float64), b.astype(np.float64)))
+        one_nan = np.isnan(a) != np.isnan(b)
+        nan_in = np.where(np.isnan(a), a, b)
+        assert (ab[one_nan].view(bits) == nan_in[one_nan].view(bits)).all(), "a lone NaN is not passed on as is"
+        zeros = (a == 0) & (b == 0) & (np.signbit(a) != np.signbit(b))
+        assert zeros.any() and (np.signbit(ab[zeros]) == (op == "min")).all()
 
 
 def test_integer_wraparound():
