@@ -44,4 +44,5 @@ __all__ = ["allreduce", "reduce_scatter", "allgather", "bcast", "reduce",
            "scatter_init", "gather_init", "allgatherv_init", "alltoall_init", "alltoallv_init",
            "explain", "algorithms", "waitall", "Request", "Persistent", "Comm", "GradientBucketer",
            "ShardedOptimizer", "StaleAllreduce", "HalfPrecision", "TopK", "MismatchError", "CollectiveTimeout",
+           "PeerFailure",
            "__version__"]
