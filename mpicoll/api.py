@@ -89,8 +89,9 @@ def short(c: _Cached, x, out, op, comm, algorithm):
         res = c.plan.run()
         return res.copy() if out is None else res
     c.st.seq += 1
-    if fn(*c.args):
-        _direct.check(1)
+    rc = fn(*c.args)
+    if rc:  # MPI_Allreduce's own error code (mpi4py's call returns None and raises itself)
+        _direct.check(rc)
     if c.finish is not None:
         c.finish()
     return out if out is not None else c.plan.result.copy()
