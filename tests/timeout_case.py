@@ -81,6 +81,8 @@ def dropin_call(c, n, dtype, root):
         return "Reduce", (x, np.empty_like(x), MPI.SUM, root)
     if c == "scatter":
         return "Scatter", (big, x, root)
+    if c == "scatterv":
+        return "Scatterv", ([big, [n] * p], x, root)
     if c == "gather":
         return "Gather", (x, np.empty_like(big), root)
     if c == "allgatherv":
