@@ -91,7 +91,7 @@ class CommState:
             # that also tells who arrived (see _handshake); then the Idup.
             table = _handshake(user_comm, mine, rank, size, deadline, collective)
             dup, req = MPI.Intracomm.Idup(user_comm)
-            wait_until(req, deadline, rank, collective, "creating mpicoll's state: MPI_Comm_idup")
+            wait_until(req, deadline, rank, collective, "creating mpicoll's state: MPI_Comm_idup", buffers=(dup,))
             self.comm = MPI.Intracomm(dup)  # the handle is valid only once the request completed
         self.rank: int = rank
         self.size: int = size
