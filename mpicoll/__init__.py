@@ -20,7 +20,7 @@ mpicoll.Comm, the bucketer).
 """
 from . import algorithms  # noqa: F401  (callable: mpicoll.algorithms("allreduce") lists names)
 from . import dtypes, kernels, ops  # noqa: F401  (mpicoll.ops.names(), mpicoll.dtypes.names())
-from .errors import CollectiveTimeout, MismatchError
+from .errors import CollectiveTimeout, MismatchError, PeerFailure
 from .api import (allgather, allgather_init, allreduce, allreduce_init, bcast, bcast_init, explain, iallgather,
                   iallreduce, ibcast, ireduce, ireduce_scatter, reduce, reduce_init, reduce_scatter,
                   reduce_scatter_init)
@@ -44,4 +44,5 @@ __all__ = ["allreduce", "reduce_scatter", "allgather", "bcast", "reduce",
            "scatter_init", "gather_init", "allgatherv_init", "alltoall_init", "alltoallv_init",
            "explain", "algorithms", "waitall", "Request", "Persistent", "Comm", "GradientBucketer",
            "ShardedOptimizer", "StaleAllreduce", "HalfPrecision", "TopK", "MismatchError", "CollectiveTimeout",
+           "PeerFailure",
            "__version__"]

@@ -91,5 +91,7 @@ def allreduce(comm, src, dst, count: int, datatype, op):
 
 
 def check(rc: int) -> None:
+    """Raise the error MPI_Allreduce returned, as mpi4py would: MPI.Exception
+    of that very code (its class and string are the library's)."""
     if rc:
         raise MPI.Exception(rc)

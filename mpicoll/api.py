@@ -97,8 +97,9 @@ def short(c: _Cached, x, out, op, comm, algorithm):
     _plan.enter(st)
     try:
         st.seq += 1
-        if fn(*c.args):
-            _direct.check(1)
+        rc = fn(*c.args)
+        if rc:  # MPI_Allreduce's own error code (mpi4py's call returns None and raises itself)
+            _direct.check(rc)
         if c.finish is not None:
             c.finish()
     finally:

@@ -100,7 +100,7 @@ def preflight(st, collective: str, check=None, *, count, dtype, op=None, algorit
         from .comm import wait_until
 
         wait_until(st.comm.Iallgather(mine, table), time.monotonic() + timeout, st.rank, collective,
-                   "pre-flight agreement check (allgather of the call signatures)", st.seq)
+                   "pre-flight agreement check (allgather of the call signatures)", st.seq, buffers=(mine, table))
     if table.tobytes() == mine.tobytes() * st.size:  # my row equals every row
         return
     # Every rank holds the same table, so every rank gets here together and

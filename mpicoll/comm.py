@@ -21,7 +21,9 @@ messages.
 
 Creating the state is the one moment when mpicoll talks to the other ranks
 before anything else (the Dup is collective anyway), so the facts every rank
-must agree on are settled there, in one small allgather:
+must agree on are settled there, in one small allgather (with a deadline:
+an all-to-all on the user's communicator before the Idup, which also tells
+who arrived; see ``_handshake``):
 
 * the tuning profile: each rank hashes the profile it would use; if the
   hashes differ (a file missing or different on some host), rank 0's
@@ -67,22 +69,33 @@ class CommState:
     because mpi4py's ``Get_rank()`` costs a call into MPI each time.
     """
 
-    def __init__(self, user_comm: MPI.Intracomm, deadline=None, collective=""):
+    def __init__(self, user_comm: MPI.Intracomm, deadline=None, collective="", private=False):
         self.handle = user_comm.handle
+        rank, size = user_comm.Get_rank(), user_comm.Get_size()
+        prof, env, mine = _facts(rank, size)
         # A plain Intracomm even when the user's is a subclass (mpicoll.Comm,
         # whose Dup returns its own class): our point-to-point and native
         # calls must reach MPI, not an override that calls back into mpicoll.
-        if deadline is None:
+        if private:
+            # Already mpicoll's own (split from a private duplicate, like the
+            # cross communicator of mpicoll.node): nothing else can send on
+            # it, so it needs no duplicate; the state owns it from now on.
+            self.comm = MPI.Intracomm(user_comm)
+            table = _exchange(self.comm, mine, size)
+        elif deadline is None:
             self.comm: MPI.Intracomm = MPI.Intracomm(user_comm.Dup())
+            table = _exchange(self.comm, mine, size)
         else:
-            # The duplicate is the first collective step of a program's first
-            # call: if a rank skipped that call, a blocking Dup would wait
-            # forever, before any deadline-aware code runs.
+            # The first collective steps of a program's first call: if a rank
+            # skipped that call, a blocking step would wait forever, before
+            # any deadline-aware code runs. The facts go first, in a form
+            # that also tells who arrived (see _handshake); then the Idup.
+            table = _handshake(user_comm, mine, rank, size, deadline, collective)
             dup, req = MPI.Intracomm.Idup(user_comm)
-            wait_until(req, deadline, user_comm.Get_rank(), collective, "creating mpicoll's state: MPI_Comm_idup")
+            wait_until(req, deadline, rank, collective, "creating mpicoll's state: MPI_Comm_idup", buffers=(dup,))
             self.comm = MPI.Intracomm(dup)  # the handle is valid only once the request completed
-        self.rank: int = self.comm.Get_rank()
-        self.size: int = self.comm.Get_size()
+        self.rank: int = rank
+        self.size: int = size
         self.pool = {}  # scratch of blocking calls (schedule.Context.scratch), reused call after call
         self.idle_pools = []  # scratch dictionaries of completed nonblocking calls, for the next ones
         self.extra = {}  # per-algorithm cached state (e.g. node communicators)
@@ -96,10 +109,9 @@ class CommState:
         self.tag_span = max(1024, min(int(MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) or 32767), 1 << 20) - 1)
         try:
             self.profile, self.profile_note, self.ranks_per_node, self.nodes = _agree(
-                self.comm, self.rank, self.size, deadline, collective)
+                self.comm, table, prof, env)
         except BaseException:
-            # Not cached: free the duplicate (local; its pending allgather may
-            # never complete, which MPI_Comm_free allows).
+            # Not cached: free the duplicate (local).
             self.comm.Free()
             raise
 
@@ -134,44 +146,107 @@ def _digest(prof) -> int:
     return zlib.crc32(json.dumps(prof.to_json(), sort_keys=True).encode()) or 1
 
 
-def wait_until(req, deadline, rank, collective, step, seq=-1) -> None:
+# Buffers of nonblocking collectives abandoned at a deadline: the request
+# stays pending (MPI cannot cancel a collective), and if the missing rank
+# turns up later the MPI library still writes into them, so they must
+# outlive the exception.
+_abandoned = []
+
+
+def wait_until(req, deadline, rank, collective, step, seq=-1, buffers=(), missing=None) -> None:
     """Complete ``req`` by ``deadline`` (time.monotonic()), or raise
     CollectiveTimeout naming ``step``. Used for the few MPI collectives
-    mpicoll makes outside a schedule (state creation, the pre-flight check)."""
+    mpicoll makes outside a schedule (state creation, the pre-flight check).
+    ``buffers`` are kept alive if the request is abandoned; ``missing()``,
+    if given, is called at the deadline and returns the ranks this rank
+    has not heard from."""
     pause = 0.0
     while not req.Test():
         now = time.monotonic()
         if now >= deadline:
+            _abandoned.append((req, buffers))
             coll = collective or "collective"
+            peers = [] if missing is None else missing()
+            waiting = (f"not heard from rank(s) {', '.join(map(str, peers))}" if peers
+                       else "waiting for the other ranks (inside the MPI library's collective)")
             raise CollectiveTimeout(
-                f"mpicoll: {coll} timed out on rank {rank}: step {step}, waiting for the other ranks (inside "
-                f"the MPI library's collective){'' if seq < 0 else f', call #{seq} on this communicator'}. A rank "
+                f"mpicoll: {coll} timed out on rank {rank}: step {step}, {waiting}"
+                f"{'' if seq < 0 else f', call #{seq} on this communicator'}. A rank "
                 "probably skipped this call, called another collective, or died.", collective=coll, algorithm="-",
-                step=step, peers=[], nbytes=-1, seq=seq, rank=rank)
+                step=step, peers=peers, nbytes=-1, seq=seq, rank=rank)
         # Once per communicator or per checked call: no need to spin first.
         pause = min(max(pause * 2, 20e-6), 1e-3)
         time.sleep(pause)
 
 
-def _agree(comm, rank: int, size: int, deadline=None, collective=""):
-    """(profile, note, ranks_per_node, nodes), identical on every rank (collective)."""
+# First column of a rank's row in the state handshake: a row holds it (and
+# the sender's rank in the second column) only once that rank's message
+# arrived.
+_MARK = 0x6D70636F6C6C0000
+
+
+def _facts(rank: int, size: int):
+    """(profile, agreed environment, this rank's row of the state table)."""
     prof = _profile.current()
     fake = os.environ.get(ENV_FAKE_NODE_SIZE)
     if fake:
         host = rank // max(1, int(fake))
     else:
         host = zlib.crc32(MPI.Get_processor_name().encode())
-    if size == 1:
-        return prof, "", 1, 1
     env = tuple(os.environ.get(k) for k in AGREED_ENV)
-    mine = np.array([host, _digest(prof), zlib.crc32(repr(env).encode())], np.int64)
-    table = np.empty((size, 3), np.int64)
-    if deadline is None:
+    mine = np.array([_MARK, rank, host, _digest(prof), zlib.crc32(repr(env).encode())], np.int64)
+    return prof, env, mine
+
+
+def _exchange(comm, mine, size: int):
+    """Every rank's row (a blocking allgather on ``comm``)."""
+    table = np.empty((size, mine.size), np.int64)
+    if size > 1:
         comm.Allgather(mine, table)
     else:
-        wait_until(comm.Iallgather(mine, table), deadline, rank, collective,
-                   "creating mpicoll's state: allgather of profile and node layout")
-    if len(set(table[:, 2].tolist())) > 1:
+        table[0] = mine
+    return table
+
+
+def _handshake(user_comm, mine, rank: int, size: int, deadline, collective):
+    """Every rank's row, by ``deadline``: the state creation of a call with a
+    deadline.
+
+    An all-to-all of the row on the user's communicator (a collective, so it
+    can never match the program's own point-to-point messages) instead of an
+    allgather: the MPI libraries run a small all-to-all-v as direct
+    messages between each pair of ranks, written straight into the receive
+    buffer, whereas their allgathers route rows through other ranks or a
+    temporary buffer. So at the deadline the rows that hold their sender's
+    mark name exactly the ranks that arrived (MPICH: up to 32 ranks, its
+    batch of simultaneous messages; beyond that, and in any library that
+    stages the data elsewhere, a superset of the missing ranks). Only the
+    diagnosis reads the buffer before completion; a completed exchange is
+    used as any collective's result. It costs p - 1 small messages per rank,
+    once per communicator, and only when a deadline is set.
+    """
+    table = np.zeros((size, mine.size), np.int64)
+    if size == 1:
+        table[0] = mine
+        return table
+    w = mine.size
+    send = np.tile(mine, size)
+    spec = ([w] * size, [w * i for i in range(size)])
+    # MPI's own call even when the user's communicator is an mpicoll.Comm.
+    req = MPI.Intracomm.Ialltoallv(user_comm, [send, spec, MPI.INT64_T], [table, spec, MPI.INT64_T])
+
+    def missing():
+        return [r for r in range(size) if r != rank and not (table[r, 0] == _MARK and table[r, 1] == r)]
+
+    wait_until(req, deadline, rank, collective, "creating mpicoll's state: handshake", buffers=(send, table),
+               missing=missing)
+    return table
+
+
+def _agree(comm, table, prof, env):
+    """(profile, note, ranks_per_node, nodes) from the state table,
+    identical on every rank (collective only when the ranks disagree)."""
+    if len(set(table[:, 4].tolist())) > 1:
         # Every rank sees the same table, so every rank raises here, together.
         envs = comm.allgather(env)
         from .errors import MismatchError
@@ -185,14 +260,14 @@ def _agree(comm, rank: int, size: int, deadline=None, collective=""):
                             + "; ".join(f"{dict(zip(bad, v))} on ranks {rs}" for v, rs in groups.items()),
                             bad[0], groups)
     note = ""
-    if len(set(table[:, 1].tolist())) > 1:
+    if len(set(table[:, 3].tolist())) > 1:
         # Some rank would decide differently: everyone takes rank 0's profile.
         data = comm.bcast(None if prof is None else (prof.to_json(), prof.path), root=0)
         prof = None if data is None else _profile.Profile.from_json(data[0], path=data[1])
-        note = (f"tuning profiles differ between ranks ({len(set(table[:, 1].tolist()))} versions); "
+        note = (f"tuning profiles differ between ranks ({len(set(table[:, 3].tolist()))} versions); "
                 "using rank 0's")
     hosts = {}
-    for h in table[:, 0].tolist():
+    for h in table[:, 2].tolist():
         hosts[h] = hosts.get(h, 0) + 1
     return prof, note, max(hosts.values()), len(hosts)
 

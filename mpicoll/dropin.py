@@ -56,6 +56,8 @@ which mpi4py passes on to MPI unchecked, is a ValueError here.
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 from mpi4py import MPI
 
@@ -63,7 +65,7 @@ from . import dtypes as _dtypes
 from . import ops as _ops
 from . import plan as _plan
 from . import api as _api
-from .comm import state
+from .comm import state, wait_until
 # Buffer-spec parsing (specs.py) and the MPI type tables (typemap.py) live
 # in their own modules; this one holds the Comm class and its fast path.
 from .specs import _check_pair, _format_type, _in_place, _in_place_arg, _index, _is_datatype, parse
@@ -540,7 +542,16 @@ class _FamilyMethods:
         if v and name == "auto":
             name = "mpi"
         if v and name == "binomial":
-            counts = state(self).comm.bcast(counts if is_root else None, root)
+            # A collective step before the plan's: under the deadline too.
+            timeout = _plan.env_settings()[2]
+            st = state(self, timeout, coll)
+            n = np.array(counts if is_root else [0] * st.size, np.int64)
+            if timeout is None:
+                st.comm.Bcast(n, root)
+            else:
+                wait_until(st.comm.Ibcast(n, root), time.monotonic() + timeout, st.rank, coll,
+                           "broadcast of the root's counts", st.seq, buffers=(n,))
+            counts = n.tolist()
         return name, counts
 
     def _scatter(self, which, sendbuf, recvbuf, root, algorithm, mode, info=MPI.INFO_NULL):

@@ -131,7 +131,7 @@ class Request:
             done = MPI.Request.Testall(self._reqs, self._statuses) if self._reqs else True
         except MPI.Exception as exc:
             mops = [op for op in self._ops if op.kind != CUSTOM]
-            err = _sched._truncated(mops, exc)
+            err = _sched.receive_error(mops, exc, self._statuses)
             raise err if err is not None else exc
         if done:
             mops = [op for op in self._ops if op.kind != CUSTOM] if self._custom else self._ops

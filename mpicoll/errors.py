@@ -5,6 +5,11 @@ with arguments that do not agree (element count, dtype, op, algorithm,
 root, block counts, or a different collective altogether). It is a
 ``ValueError`` because, like any bad argument, it is the caller's input
 that is wrong - only the evidence is spread over several ranks.
+
+``PeerFailure``: the MPI library reported an error other than a truncated
+message for one of the collective's point-to-point messages (a process
+that died, a broken connection): not the caller's arguments, so not a
+``MismatchError``.
 """
 from __future__ import annotations
 
@@ -46,4 +51,22 @@ class CollectiveTimeout(TimeoutError):
         self.peers = list(peers)
         self.nbytes = nbytes
         self.seq = seq
+        self.rank = rank
+
+
+class PeerFailure(RuntimeError):
+    """The MPI library failed a message of the collective with an error
+    other than MPI_ERR_TRUNCATE (with a fault-tolerant MPI: a peer process
+    failed).
+
+    ``peers`` are the ranks whose messages failed, ``error_class`` the MPI
+    error class (``MPI.ERR_PROC_FAILED`` for a dead peer where the library
+    defines it), ``rank`` the rank that saw it. The ``MPI.Exception`` is
+    chained as ``__cause__``.
+    """
+
+    def __init__(self, message: str, *, peers=(), error_class=-1, rank=-1):
+        super().__init__(message)
+        self.peers = list(peers)
+        self.error_class = error_class
         self.rank = rank

@@ -793,9 +793,9 @@ def family_plan(st, collective, name, entry, knobs, nbytes, result, args, *, pro
         name = select.family(collective, p, nbytes).name
         entry = _alg.get(collective, name)
     if p > 1:
-        _settle(st, collective, name, entry, knobs, None, check_on, sig)
+        _settle(st, collective, name, entry, knobs, None, check_on, sig, timeout)
     elif check_on:
-        _check.preflight(st, collective, True, algorithm=name, **sig)
+        _check.preflight(st, collective, True, algorithm=name, timeout=timeout, **sig)
     sched = None
     if p > 1 and not empty:
         s = entry.schedule
@@ -848,7 +848,7 @@ def scatter(x, root=0, *, comm=None, out=None, counts=None, algorithm="auto", ch
     mine = buffers.as_bytes(result)
     bounds = _byte_bounds(cnts, dtype.itemsize)
     a, b = bounds[rank]
-    st = state(comm)
+    st = state(comm, timeout, "scatter")
     copy = None
     if is_root:
         full = buffers.as_bytes(arr)
@@ -883,7 +883,7 @@ def gather(x, root=0, *, comm=None, out=None, counts=None, algorithm="auto", che
     bounds = _byte_bounds(cnts, arr.dtype.itemsize)
     a, b = bounds[rank]
     mine = buffers.as_bytes(arr)
-    st = state(comm)
+    st = state(comm, timeout, "gather")
     copy = None
     result = None
     if is_root:
@@ -919,7 +919,7 @@ def allgatherv(x, counts, *, comm=None, out=None, algorithm="auto", check=None, 
     if not _placed(mine, flat, a, "x"):
         def copy():
             flat[a:b] = mine
-    st = state(comm)
+    st = state(comm, timeout, "allgatherv")
     return _staged(family_plan(st, "allgatherv", name, entry, knobs, flat.nbytes, result, (flat, bounds),
                                prologue=copy, timeout=timeout, check_on=check_on,
                                sig=dict(count=-1, dtype=arr.dtype.str, counts=cnts), nonblocking=nonblocking,
@@ -930,7 +930,7 @@ def _alltoall_plan(collective, comm, arr, result, scounts, rcounts, name, entry,
                    nonblocking, nbytes) -> Plan:
     src = buffers.as_bytes(arr)
     dst = buffers.as_bytes(result)
-    st = state(comm)
+    st = state(comm, timeout, collective)
     sb = _byte_bounds(scounts, arr.dtype.itemsize)
     rb = _byte_bounds(rcounts, arr.dtype.itemsize)
     prologue = None

@@ -31,6 +31,7 @@ passes it in.
 from __future__ import annotations
 
 import json
+import math
 import os
 import warnings
 from typing import List, NamedTuple, Optional
@@ -92,7 +93,9 @@ def _rule_from_json(d: dict) -> Rule:
         raise ValueError(f"rule algorithm must be an algorithm name, got {r.algorithm!r}")
     if not isinstance(r.native_dtype, bool):
         raise ValueError(f"rule native_dtype must be true or false, got {r.native_dtype!r}")
-    if r.source not in SOURCES:
+    if not isinstance(r.note, str):
+        raise ValueError(f"rule note must be a string, got {r.note!r}")
+    if not isinstance(r.source, str) or r.source not in SOURCES:
         raise ValueError(f"rule source must be one of {SOURCES}, got {r.source!r}")
     if r.p_max is not None and r.p_max < r.p_min or r.bytes_max is not None and r.bytes_max <= r.bytes_min:
         raise ValueError(f"empty range in rule {d!r}")
@@ -152,12 +155,50 @@ class Profile:
             raise ValueError(f"{where}: {e}") from None
         from .model import Model  # late: `python -m mpicoll.model` must not find it imported
 
-        model = None if d.get("model") is None else Model.from_json(d["model"])
-        return cls(parsed, model=model, meta=d.get("meta") or {}, measurements=d.get("measurements") or [],
-                   path=path)
+        meta = d.get("meta") or {}
+        measurements = d.get("measurements") or []
+        if not isinstance(meta, dict):
+            raise ValueError(f"{where}: 'meta' must be an object, not {type(meta).__name__}")
+        if not isinstance(measurements, list):
+            raise ValueError(f"{where}: 'measurements' must be a list, not {type(measurements).__name__}")
+        # The profile travels whole: hashed with json.dumps on every rank
+        # and pickled to the others when the ranks' profiles differ, both
+        # recursive; a file nested deeper than any profile the tuner writes
+        # would fail there (RecursionError) on every new communicator.
+        if _depth(d) > MAX_DEPTH:
+            raise ValueError(f"{where}: nested more than {MAX_DEPTH} levels deep")
+        try:
+            model = None if d.get("model") is None else Model.from_json(d["model"])
+            if model is not None:
+                numbers = [v for prm in model.params.values() for v in prm] + list(model.rms_rel_error.values())
+                if not all(math.isfinite(v) for v in numbers):
+                    raise ValueError("model: parameters must be finite numbers")
+        except (TypeError, AttributeError, KeyError, OverflowError) as e:
+            raise ValueError(f"{where}: model: malformed model parameters: {e!r}") from None
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+        return cls(parsed, model=model, meta=meta, measurements=measurements, path=path)
 
     def __repr__(self):
         return f"Profile({len(self.rules)} rules, path={self.path!r})"
+
+
+# Deeper than any profile the tuner writes (its deepest value is 4 levels
+# down), far from Python's recursion limit.
+MAX_DEPTH = 32
+
+
+def _depth(obj) -> int:
+    """How deeply ``obj`` (parsed JSON) nests lists and objects; iterative,
+    so that a deep one cannot exhaust the stack here."""
+    deepest, todo = 0, [(obj, 1)]
+    while todo:
+        o, level = todo.pop()
+        if isinstance(o, (dict, list)):
+            deepest = max(deepest, level)
+            if level <= MAX_DEPTH:
+                todo.extend((v, level + 1) for v in (o.values() if isinstance(o, dict) else o))
+    return deepest
 
 
 def default_path() -> str:
@@ -182,6 +223,8 @@ def load(file: str) -> Profile:
             d = json.load(f)
         except json.JSONDecodeError as e:
             raise ValueError(f"{file}: not valid JSON: {e}") from None
+        except RecursionError:  # the parser recurses per nesting level
+            raise ValueError(f"{file}: nested more than {MAX_DEPTH} levels deep") from None
     return Profile.from_json(d, path=file)
 
 
@@ -229,6 +272,9 @@ def _current() -> Optional[Profile]:
             prof = load(p)
         except (OSError, ValueError) as e:
             warnings.warn(f"mpicoll: ignoring tuning profile: {e}", RuntimeWarning, stacklevel=3)
+        except Exception as e:  # noqa: BLE001 - whatever a malformed file provokes: never on every call
+            warnings.warn(f"mpicoll: ignoring tuning profile {p}: {type(e).__name__}: {e}", RuntimeWarning,
+                          stacklevel=3)
     _cache[p] = prof
     return prof
 

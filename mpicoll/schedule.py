@@ -57,7 +57,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from .errors import CollectiveTimeout, MismatchError
+from .errors import CollectiveTimeout, MismatchError, PeerFailure
 
 BYTE = MPI.BYTE
 
@@ -199,17 +199,58 @@ def size_mismatch(op: Op, got: int) -> MismatchError:
         "'python -m mpi4py' so that one failing rank ends the job.", "count", {})
 
 
-def _truncated(ops, exc: MPI.Exception):
-    """The MismatchError for a receive MPI reported as truncated, or None."""
+def _error_class(code: int) -> int:
+    try:
+        return MPI.Get_error_class(code)
+    except MPI.Exception:  # pragma: no cover - a code the library does not know
+        return code
+
+
+def receive_error(ops, exc: MPI.Exception, statuses=()):
+    """The exception to raise for ``exc``, an MPI error from waiting for
+    ``ops`` (``statuses`` filled by the wait, in the order of ``ops``):
+    MismatchError for a truncated receive (a longer message than expected),
+    PeerFailure for any other error of a message (a dead peer, a broken
+    connection), or None for an error of another kind (re-raised as is).
+
+    A multiple-completion call reports MPI_ERR_IN_STATUS; which operation
+    failed, and how, is then in each status's error field: the class of
+    that error is what decides, never the mere fact that a receive was
+    among the operations.
+    """
     try:
         cls = exc.Get_error_class()
     except Exception:  # pragma: no cover - exotic MPI error objects
         return None
-    if cls in (MPI.ERR_TRUNCATE, MPI.ERR_IN_STATUS):
-        for op in ops:
-            if op.kind == RECV:
-                return size_mismatch(op, -1)
-    return None
+    if cls == MPI.ERR_IN_STATUS:
+        failed = []
+        for op, status in zip(ops, statuses):
+            code = status.Get_error()
+            if code not in (MPI.SUCCESS, MPI.ERR_PENDING):
+                failed.append((op, _error_class(code)))
+    elif len(ops) == 1:
+        failed = [(ops[0], cls)]
+    else:
+        failed = [(op, cls) for op in ops if op.kind in (SEND, RECV)]
+    for op, c in failed:
+        if c == MPI.ERR_TRUNCATE and op.kind == RECV:
+            return size_mismatch(op, -1)
+    failed = [(op, c) for op, c in failed if op.kind in (SEND, RECV)]
+    if not failed:
+        return None
+    op, c = failed[0]
+    ctx = op.ctx
+    peers = sorted({o.peer for o, _ in failed})
+    coll = f"{ctx.info[0]}/{ctx.info[1]}: " if ctx.info else ""
+    where = f" ({phase_text(ctx.phase)})" if ctx.phase else ""
+    try:
+        text = MPI.Get_error_string(c)
+    except MPI.Exception:  # pragma: no cover
+        text = f"error class {c}"
+    return PeerFailure(
+        f"mpicoll: {coll}rank {ctx.rank}{where}: the MPI library failed the message {op.describe()}: {text} "
+        f"(error class {c}). The peer rank(s) {', '.join(map(str, peers))} probably died or lost their "
+        "connection; this is not an argument mismatch.", peers=peers, error_class=c, rank=ctx.rank)
 
 
 def completed(ops) -> list:
@@ -291,7 +332,7 @@ def wait_ops(ops, deadline=None) -> None:
         else:
             _wait_until(mops, reqs, statuses, deadline)
     except MPI.Exception as exc:
-        err = _truncated(mops, exc)
+        err = receive_error(mops, exc, statuses)
         if err is not None:
             raise err from exc
         raise

@@ -87,14 +87,16 @@ SUBSET = [
 MATRIX = _full_matrix() if os.environ.get("MPICOLL_TIMEOUT_MATRIX") == "full" else SUBSET
 
 
-def run_case(case, spec, mode, p, timeout=TIMEOUT_S, check=False, hard=HARD_S):
+def run_case(case, spec, mode, p, timeout=TIMEOUT_S, check=False, hard=HARD_S, env_extra=None):
     """Run one case; returns (returncode or None if killed, output, seconds from
-    the measured part's start to the job's end, per-rank reports)."""
+    the measured part's start to the job's end, per-rank reports).
+    ``env_extra``: more environment variables for the job."""
     cmd = [MPIEXEC, *MPIEXEC_FLAGS, "-n", str(p), sys.executable, "-m", "mpi4py", CASE_SCRIPT, case, spec, mode,
            str(timeout), "1" if check else "0"]
     env = dict(os.environ)
     env.pop("MPICOLL_TIMEOUT", None)
     env.pop("MPICOLL_CHECK", None)
+    env.update(env_extra or {})
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=hard, env=env)
         rc, out = proc.returncode, proc.stdout + proc.stderr

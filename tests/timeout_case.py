@@ -17,7 +17,9 @@ The last rank ("odd") is the one that misbehaves:
     order  odd calls another collective first, then this one; the others
            the other way round
 
-MODE is blocking, nonblocking (i*(...).wait()) or persistent (*_init).
+MODE is blocking, nonblocking (i*(...).wait()), persistent (*_init) or
+dropin (mpicoll.Comm's method, with MPICOLL_TIMEOUT=TIMEOUT and
+MPICOLL_CHECK=CHECK, set by the caller: the methods take no timeout=).
 Each rank prints "R<rank>:ready" after a barrier, then one line of what
 happened: R<rank>:TIMEOUT:<seconds>:<peers>:<message>, R<rank>:MISMATCH,
 R<rank>:ERROR:<type>, R<rank>:returned or R<rank>:skipped (and
@@ -43,16 +45,61 @@ N = 1000
 REDUCING = ("allreduce", "reduce_scatter", "reduce")
 
 
+def args_of(c, n, dtype, op, root):
+    """Positional arguments and extra keywords of collective ``c``."""
+    if c in REDUCING:
+        return ((np.ones(n, dtype), op) if c != "reduce" else (np.ones(n, dtype), op, root)), {}
+    if c == "bcast":
+        return (np.ones(n, dtype), root), {}
+    if c == "scatter":
+        return (np.ones((p, n), dtype), root), {}
+    if c == "gather":
+        return (np.ones(n, dtype), root), {}
+    if c == "allgatherv":
+        return (np.ones(n, dtype), [n] * p), {}
+    if c == "alltoall":
+        return (np.ones((p, n), dtype),), {}
+    if c == "alltoallv":
+        return (np.ones(n * p, dtype), [n] * p, [n] * p), {}
+    return (np.ones(n, dtype),), {}
+
+
+# mpicoll.Comm's methods (the deadline comes from MPICOLL_TIMEOUT there):
+# (blocking, nonblocking, persistent) names and the mpi4py buffer arguments.
+def dropin_call(c, n, dtype, root):
+    x = np.ones(n, dtype)
+    big = np.ones(p * n, dtype)
+    if c == "allreduce":
+        return "Allreduce", (x, np.empty_like(x))
+    if c == "reduce_scatter":
+        return "Reduce_scatter_block", (big, np.empty_like(x))
+    if c == "allgather":
+        return "Allgather", (x, np.empty_like(big))
+    if c == "bcast":
+        return "Bcast", (x, root)
+    if c == "reduce":
+        return "Reduce", (x, np.empty_like(x), MPI.SUM, root)
+    if c == "scatter":
+        return "Scatter", (big, x, root)
+    if c == "scatterv":
+        return "Scatterv", ([big, [n] * p], x, root)
+    if c == "gather":
+        return "Gather", (x, np.empty_like(big), root)
+    if c == "allgatherv":
+        return "Allgatherv", (x, [np.empty_like(big), [n] * p])
+    if c == "alltoall":
+        return "Alltoall", (big, np.empty_like(big))
+    return "Alltoallv", ([big, [n] * p], [np.empty_like(big), [n] * p])
+
+
 def call(c, algorithm, n=N, dtype="float32", op="sum", root=0, chk=False, persistent=None):
     """One collective ``c`` in this MODE; returns the persistent request when
     ``persistent`` is None and MODE is persistent (to be started again)."""
-    kw = dict(comm=comm, algorithm=algorithm, timeout=tmo, check=chk)
-    if c in REDUCING:
-        args = (np.ones(n, dtype), op) if c != "reduce" else (np.ones(n, dtype), op, root)
-    elif c == "bcast":
-        args = (np.ones(n, dtype), root)
-    else:
-        args = (np.ones(n, dtype),)
+    if mode == "dropin":
+        name, args = dropin_call(c, n, dtype, root)
+        return getattr(mpicoll.Comm(comm), name)(*args, algorithm=algorithm)
+    args, extra = args_of(c, n, dtype, op, root)
+    kw = dict(comm=comm, algorithm=algorithm, timeout=tmo, check=chk, **extra)
     if mode == "blocking":
         return getattr(mpicoll, c)(*args, **kw)
     if mode == "nonblocking":

@@ -67,9 +67,11 @@ def _cross_allreduce(ctx, info, view, red):
 
 
 def prepare(st, buf, **knobs) -> None:
-    """Call-time set-up (collective): node and cross communicators, the window."""
+    """Call-time set-up (collective): node and (across nodes) cross
+    communicators, the window."""
     info = node_info(st)
-    info.cross_state()
+    if info.nodes > 1:  # on one node hierarchical is shm: no cross communicator
+        info.cross_state()
     shm.prepare(st, buf, **knobs)
 
 
