@@ -77,6 +77,7 @@ from mpi4py import MPI
 
 from . import register
 from .._kernels import ffi, lib
+from ..errors import MismatchError
 from ..node import node_info
 from .common import block_bounds
 
@@ -105,8 +106,17 @@ _serial = 0
 # at the start of rank 0's segment; every segment has a header of the same
 # size so that the slots are laid out alike.
 FLAG_STRIDE = 128
-# Polls before a waiting rank starts yielding its core (see csrc/shmsync.c).
+# A flag wait (csrc/shmsync.c) polls SPINS times, then yields the core at
+# each poll for YIELD_S, then sleeps with back-off; it comes back to Python
+# every ROUND_S at most, so that Ctrl-C (KeyboardInterrupt) and the deadline
+# are seen while a peer is late or dead.
 SPINS = 200
+YIELD_S = 0.01
+ROUND_S = 0.05
+# Each rank's flag slot (FLAG_STRIDE bytes, as int64 words): the counter,
+# then the call's signature (SIG_WORDS words) in two copies, by the parity
+# of the sync that carries it (see ShmWindow.publish).
+SIG_WORDS = 4
 
 
 class ShmWindow:
@@ -137,14 +147,14 @@ class ShmWindow:
         self.sync_mode = sync
         self.sync = self._flag_sync if sync == "flags" else self._barrier_sync
         self.epoch = 0  # sync points passed (same on every rank); counters start at 0
+        self.checks = 0  # signature checks passed (same on every rank)
         flags = self._mem[0]
         if self.me == 0:
             flags[:self.header] = 0  # rank 0 clears the flags ...
         self._flags = ffi.from_buffer(flags)
         self._my_flag = ffi.cast("int64_t *", ffi.from_buffer(flags[self.me * FLAG_STRIDE:]))
-        # Every rank's counter, for the nonblocking test (aligned 8-byte
-        # loads, which x86-64 and AArch64 make atomic).
-        self._flag_view = np.frombuffer(flags[:self.header], np.int64)[::FLAG_STRIDE // 8][:k]
+        # Every rank's flag slot as int64 words: [counter, signature, signature].
+        self._slots = np.frombuffer(flags[:self.header], np.int64).reshape(-1, FLAG_STRIDE // 8)[:k]
         self._barrier_sync()  # ... before anyone uses a flag
         global _serial
         _serial += 1
@@ -164,7 +174,39 @@ class ShmWindow:
     def _flag_sync(self) -> None:
         self.epoch += 1
         lib.mpicoll_flag_set(self._my_flag, self.epoch)
-        lib.mpicoll_flag_wait(self._flags, FLAG_STRIDE, self.k, self.epoch, SPINS)
+        self.wait_flags(self.epoch, None)
+
+    def wait_flags(self, epoch: int, deadline) -> bool:
+        """Wait until every counter has reached ``epoch`` (True), or until
+        ``deadline`` (time.monotonic(); None: no limit) has passed (False)."""
+        return wait_flags(self._flags, self.k, epoch, deadline)
+
+    def _sig_words(self):
+        lo = 1 + (self.checks & 1) * SIG_WORDS
+        return lo, lo + SIG_WORDS
+
+    def publish(self, sig) -> None:
+        """Write this call's signature for the next sync to carry (before its
+        release store). Two copies, by the parity of the check's number: a
+        rank that has passed check c (and raised, say) may write its next
+        call's signature for check c+1 while a slower rank still reads
+        those of check c; it cannot pass the sync of c+1, and so write
+        c+2's, before that rank has reached it."""
+        self.checks += 1
+        lo, hi = self._sig_words()
+        self._slots[self.me, lo:hi] = sig
+
+    def verify(self, sig, info, ctx) -> None:
+        """After the sync that carried the signatures (the counters read
+        with acquire loads): MismatchError on every rank of the node if
+        they differ, before anyone reads a peer's slot or grows the window."""
+        if self.sync_mode != "flags":
+            self.win.Sync()  # the barrier's memory side: the peers' header writes
+        lo, hi = self._sig_words()
+        seen = self._slots[:, lo:hi]
+        if (seen == np.asarray(sig, np.int64)).all():
+            return
+        raise _mismatch(seen, info, ctx)
 
     def _ibarrier(self):
         self.win.Sync()
@@ -178,7 +220,7 @@ class ShmWindow:
 
     def free(self) -> None:
         self._mem = []  # no view or pointer may outlive the memory
-        self._flags = self._my_flag = None
+        self._flags = self._my_flag = self._slots = None
         if self.win != MPI.WIN_NULL and not MPI.Is_finalized():
             self.win.Unlock_all()
             self.win.Free()
@@ -202,18 +244,56 @@ class _FlagSync:
         lib.mpicoll_flag_set(w._my_flag, self.epoch)
 
     def test(self) -> bool:
-        return bool((self.w._flag_view >= self.epoch).all())
+        w = self.w
+        return bool(lib.mpicoll_flag_test(w._flags, FLAG_STRIDE, w.k, self.epoch))
 
     def wait(self, deadline) -> bool:
-        if deadline is None:
-            w = self.w
-            lib.mpicoll_flag_wait(w._flags, FLAG_STRIDE, w.k, self.epoch, SPINS)
+        return self.w.wait_flags(self.epoch, deadline)
+
+
+def wait_flags(flags, k: int, epoch: int, deadline=None) -> bool:
+    """Wait until each of the ``k`` counters at ``flags`` (a cffi pointer,
+    FLAG_STRIDE bytes apart) has reached ``epoch``: True, or False once
+    ``deadline`` (time.monotonic()) has passed. The C wait runs at most
+    ROUND_S at a time with the GIL released; between rounds Python runs its
+    signal handlers (KeyboardInterrupt) and checks the deadline."""
+    start = time.monotonic()
+    spins = SPINS
+    while True:
+        now = time.monotonic()
+        budget = ROUND_S if deadline is None else min(ROUND_S, deadline - now)
+        if budget <= 0:
+            return bool(lib.mpicoll_flag_test(flags, FLAG_STRIDE, k, epoch))
+        yield_s = max(0.0, YIELD_S - (now - start))  # the back-off goes on where the last round left it
+        if lib.mpicoll_flag_wait(flags, FLAG_STRIDE, k, epoch, spins, int(yield_s * 1e9), int(budget * 1e9)):
             return True
-        while not self.test():
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0)
-        return True
+        spins = 0
+
+
+def signature(nbytes: int, red, chunk_bytes: int):
+    """What the ranks of a node must agree on for one call: the message's
+    bytes, the element type, the op and the chunk size (the chunks' syncs)."""
+    return (nbytes, red.dtype.code, red.op.code << 1 | red.op.average, chunk_bytes)
+
+
+_SIG_FIELDS = ("count", "dtype", "op", "chunk_bytes")
+
+
+def _mismatch(seen, info, ctx):
+    """The MismatchError for the signatures ``seen`` (one row per local rank)."""
+    ranks = info.node_ranks[info.node]
+    for j, field in enumerate(_SIG_FIELDS):
+        col = [int(v) for v in seen[:, j]]
+        if len(set(col)) > 1:
+            break
+    values = {}
+    for q, v in enumerate(col):
+        values.setdefault(v, []).append(ranks[q])
+    coll = f"{ctx.info[0]}/{ctx.info[1]}: " if ctx.info else ""
+    what = {"count": "message size in bytes", "dtype": "element type code", "op": "op code"}.get(field, field)
+    what += ": " + ", ".join(f"{v} on rank(s) {', '.join(map(str, r))}" for v, r in values.items())
+    return MismatchError(f"mpicoll: {coll}rank {ctx.rank}: the ranks of this node disagree on the {what}: "
+                         "every rank of the node raises this, nothing was reduced.", field, values)
 
 
 class _Turn:
@@ -271,31 +351,35 @@ def _free_all_at_exit():
             w.free()
 
 
-def window(st, info, nbytes: int, sync: str = "flags") -> ShmWindow:
-    """The communicator's window, with slots of at least ``nbytes`` (grown if needed)."""
-    key = "shm" if sync == SYNC else f"shm-{sync}"  # one window per sync mode (benchmarks compare them)
+# The slots of a new window: the same on every rank whatever its message
+# (a window made to one rank's size would have other ranks' slots elsewhere
+# in the peers' view); a call needing more grows it after the signature check.
+FIRST_SLOT_BYTES = 64 << 10
+
+
+def _key(sync: str) -> str:
+    return "shm" if sync == SYNC else f"shm-{sync}"  # one window per sync mode (benchmarks compare them)
+
+
+def window(st, info, sync: str = "flags") -> ShmWindow:
+    """The communicator's window, made (collectively) on first use."""
+    key = _key(sync)
     w = st.extra.get(key)
-    if w is None or w.slot_bytes < nbytes:
-        if w is not None:
-            _drain(st)  # nonblocking calls still using the old window finish first
-            w.local.Barrier()  # every rank has copied its last result out of the old window
-            w.free()
-        grow = 0 if w is None else 2 * w.slot_bytes  # geometric growth: few re-allocations
-        slot = min(max(nbytes, grow, 64 << 10), MAX_SLOT_BYTES)
-        slot = -(-slot // 4096) * 4096  # MAX_SLOT_BYTES is a multiple of 4096 too
-        w = ShmWindow(info.local, slot, sync)
-        st.extra[key] = w
+    if w is None:
+        w = st.extra[key] = ShmWindow(info.local, FIRST_SLOT_BYTES, sync)
     return w
 
 
-def _drain(st) -> None:
-    q = st.extra.get("shm-queue")
-    if q:
-        from .. import engine
-
-        while q:
-            engine.progress()
-            time.sleep(0)
+def _grow(st, w: ShmWindow, nbytes: int) -> ShmWindow:
+    """A window with slots of at least ``nbytes`` in place of ``w`` (collective).
+    Called at the head of the queue, after a matching signature check: every
+    rank of the node grows, and no call still uses the old window."""
+    w.local.Barrier()  # every rank has read the signatures out of the old window's header
+    w.free()
+    slot = min(max(nbytes, 2 * w.slot_bytes), MAX_SLOT_BYTES)  # geometric growth: few re-allocations
+    slot = -(-slot // 4096) * 4096  # MAX_SLOT_BYTES is a multiple of 4096 too
+    new = st.extra[_key(w.sync_mode)] = ShmWindow(w.local, slot, w.sync_mode)
+    return new
 
 
 def chunk_elems(n: int, itemsize: int, chunk_bytes: int) -> int:
@@ -308,17 +392,21 @@ def _cap(n: int, itemsize: int, chunk_bytes: int) -> int:
 
 
 def prepare(st, buf, chunk_bytes=CHUNK_BYTES, sync=None, **_) -> None:
-    """Call-time set-up (collective): the node layout and a window big enough."""
-    info = node_info(st)
-    if buf.size:
-        window(st, info, _cap(buf.size, buf.itemsize, chunk_bytes) * buf.itemsize, sync or SYNC)
+    """Call-time set-up (collective): the node layout and the window. The
+    same steps whatever the message (even empty), so that ranks that
+    disagree on it still meet at the schedule's signature check."""
+    window(st, node_info(st), sync or SYNC)
 
 
 def pipeline(ctx, info, buf, red, src, chunk_bytes, between=None, sync=None):
-    """Steps 1-5 above over the whole message, in place on ``buf`` (a schedule)."""
+    """Steps 1-5 above over the whole message, in place on ``buf`` (a schedule).
+
+    The ranks' signatures (bytes, dtype, op, chunk size) travel with the
+    first sync and are compared after it, on every rank: MismatchError
+    everywhere, before a peer's slot is read. When the window must grow
+    (or the message is empty) a sync of its own carries them first, so a
+    rank with a longer message never grows the window alone."""
     n = buf.size
-    if n == 0:
-        return
     st = ctx.st
     queue = _queue(st)
     ticket = next(_tickets)
@@ -329,8 +417,18 @@ def pipeline(ctx, info, buf, red, src, chunk_bytes, between=None, sync=None):
             yield [ctx.custom(_Turn(queue, ticket))]
         k, me = info.local_size, info.local_rank
         dtype, size = buf.dtype, buf.itemsize
-        cap = _cap(n, size, chunk_bytes)
-        w = window(st, info, cap * size, sync or SYNC)
+        cap = _cap(n, size, chunk_bytes) if n else 0
+        w = window(st, info, sync or SYNC)
+        sig = signature(n * size, red, cap * size)
+        if n == 0 or w.slot_bytes < cap * size:
+            ctx.phase = "shm: agreeing on the message"
+            w.publish(sig)
+            yield [w.sync_op(ctx)]
+            w.verify(sig, info, ctx)
+            sig = None
+            if n == 0:
+                return
+            w = _grow(st, w, cap * size)
         slots = [[w.slot(r, s).view(dtype) for r in range(k)] for s in (0, 1)]
         own = buf if src is None else src
         bounds = block_bounds(min(cap, n), k)
@@ -343,11 +441,17 @@ def pipeline(ctx, info, buf, red, src, chunk_bytes, between=None, sync=None):
             # The slot alternates across calls too: the next call's first copy-in
             # must not land in the slot a slower rank is still copying out of.
             peers = slots[w.turn]
-            w.turn ^= 1
             mine = peers[me]
             mine[:a] = own[c0:c0 + a]  # my own slice stays private: only I read it
             mine[b:m] = own[c0 + b:c0 + m]
+            if sig is not None:
+                w.publish(sig)
             yield [w.sync_op(ctx)]
+            if sig is not None:
+                w.verify(sig, info, ctx)
+                sig = None
+            # Turned only now: after a MismatchError every rank is still on this slot.
+            w.turn ^= 1
             srcs = [p[a:b] for p in peers]
             srcs[me] = own[c0 + a:c0 + b]
             red.combine_many(mine[a:b], srcs)  # rank order; the result replaces my (unused) slice
