@@ -86,7 +86,9 @@ const char *mpicoll_isa(void);
 
 /* Wire compression (compress.c): float32 accumulation of 16-bit partials.
  * dst[i] = round16(a[i] / divisor + widen16(b[i])), the sum in float32 and
- * rounded once; b may be NULL (then dst = round16(a / divisor)). */
+ * rounded once; b may be NULL (then dst = round16(a / divisor)). Every
+ * buffer must be aligned to its element size (no status to refuse one:
+ * the callers in mpicoll/compression.py check it). */
 void mpicoll_accumulate_round_f16(uint16_t *dst, const float *a, float divisor, const uint16_t *b, size_t n);
 void mpicoll_accumulate_round_bf16(uint16_t *dst, const float *a, float divisor, const uint16_t *b, size_t n);
 /* acc[i] += widen16(in[i]), in float32. */
