@@ -25,6 +25,10 @@ Two kinds, for float32 and float64 data and the ops "sum" and "avg":
   stream, so keep one ``TopK`` per tensor (the bucketer keeps one per
   bucket); a string makes a new instance per call, which drops the residual.
 
+Any float32/float64 array is accepted, views that start at a byte offset
+included (``np.frombuffer(buf, np.float32, offset=2)``): the C kernels get
+aligned scratch copies of those, with the bits an aligned copy would give.
+
 The compressed result is defined whatever the communicator size: on one rank
 the data still go through the wire format (rounded to 16 bits, or
 sparsified), so a one-process run computes what a p-process run computes.

@@ -2,12 +2,23 @@
 
 Function:     allreduce(ctx, buf, red, src=None, *, chunk_bytes=CHUNK_BYTES, sync=None)
 Description:  The node's k ranks share one MPI-3 shared-memory window
-              (``MPI_Win_allocate_shared``), allocated on first use, kept in
-              the communicator's state and reused; it grows (collectively,
-              all ranks see the same message size) when a longer message
-              needs bigger chunks, and is freed with the communicator or at
+              (``MPI_Win_allocate_shared``), allocated on first use (with
+              64 KiB slots, whatever the message, so that every rank makes
+              the same window), kept in the communicator's state and
+              reused; it grows (collectively) when a longer message needs
+              bigger chunks, and is freed with the communicator or at
               interpreter exit. Each rank's part of the window holds two
               chunk slots (double buffering, below).
+
+              Agreement: each rank writes the call's signature (message
+              bytes, dtype, op, chunk size) next to its sync counter before
+              the call's first sync, and compares every rank's after it:
+              if they differ, every rank of the node raises MismatchError,
+              before any rank reads a peer's slot (nothing is partly
+              reduced) and the window stays usable. A call whose message
+              needs a bigger window, or is empty, passes one sync of its
+              own for this first, so the window only grows once every rank
+              knows that every rank will grow it.
 
               The message is processed in chunks of at most ``chunk_bytes``
               (so the window stays at most 2 * chunk_bytes per rank for any
@@ -39,16 +50,22 @@ Description:  The node's k ranks share one MPI-3 shared-memory window
               Synchronisation (``sync=``): "flags" (default), one int64
               counter per rank in the window: a rank stores the sync's
               number with a release store and waits, in C, until every
-              counter has reached it, spinning briefly and then yielding
-              the core at each poll (the peer it waits for may need that
-              core: 4-8 ranks share 2 cores in the tests). "barrier":
+              counter has reached it (acquire loads, the nonblocking test's
+              included), spinning briefly, then yielding the core at each
+              poll for 10 ms, then sleeping with back-off up to 1 ms (the
+              peer it waits for may need that core: 4-8 ranks share 2 cores
+              in the tests). The C wait returns to Python every 50 ms at
+              most, so the deadline (``timeout=``) and Ctrl-C
+              (KeyboardInterrupt) are honoured while a peer is late, dead
+              or absent. "barrier":
               MPI_Win_sync, MPI_Barrier on the node communicator,
               MPI_Win_sync (the MPI-3 idiom). Measured on the 2-core machine
               at p=2 and 4, 1-64 MiB: flags 1.1-1.7x faster.
 Cost:         Per rank and per byte of message: (k-1)/k of a copy in, 1/k
               of a k-input reduction (reads k/k = 1 byte), one copy out:
               about (3k-1)/k bytes read and 2 written, with no network
-              message and no temporaries; 2 syncs per chunk. MPI_Allreduce through
+              message and no temporaries; 2 syncs per chunk (one more for
+              a call that grows the window or is empty). MPI_Allreduce through
               MPICH's shared-memory transport moves every byte through
               bounce buffers several times and reduces pairwise.
 Limitations:  One node only. On a communicator that spans several nodes
@@ -60,8 +77,15 @@ Limitations:  One node only. On a communicator that spans several nodes
               Calls on one communicator take turns on its window in the
               order they were started (the same on every rank), so several
               nonblocking shm all-reduces may be outstanding at once, but
-              they run one after the other. Nonblocking waits poll the flags
-              from Python (the blocking path waits in C).
+              they run one after the other. Nonblocking tests poll the flags
+              once (in C); waits wait in C in bounded rounds. The agreement
+              covers the ranks of one node: on several nodes
+              (hierarchical) a node whose ranks agree among themselves but
+              not with another node's is caught by the cross-node
+              algorithm's receive-size checks (one rank's MismatchError,
+              or the others' CollectiveTimeout with ``timeout=``), like
+              the network algorithms. Window creation on first use is
+              collective MPI with no deadline.
 """
 from __future__ import annotations
 
