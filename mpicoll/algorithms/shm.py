@@ -100,6 +100,8 @@ import numpy as np
 from mpi4py import MPI
 
 from . import register
+from .. import dtypes as _dtypes
+from .. import ops as _ops
 from .._kernels import ffi, lib
 from ..errors import MismatchError
 from ..node import node_info
@@ -139,7 +141,7 @@ YIELD_S = 0.01
 ROUND_S = 0.05
 # Each rank's flag slot (FLAG_STRIDE bytes, as int64 words): the counter,
 # then the call's signature (SIG_WORDS words) in two copies, by the parity
-# of the sync that carries it (see ShmWindow.publish).
+# of the check's number (see ShmWindow.publish).
 SIG_WORDS = 4
 
 
@@ -169,7 +171,6 @@ class ShmWindow:
         self.turn = 0  # the slot the next chunk uses (same on every rank)
         self.k, self.me = k, local.Get_rank()
         self.sync_mode = sync
-        self.sync = self._flag_sync if sync == "flags" else self._barrier_sync
         self.epoch = 0  # sync points passed (same on every rank); counters start at 0
         self.checks = 0  # signature checks passed (same on every rank)
         flags = self._mem[0]
@@ -195,11 +196,6 @@ class ShmWindow:
         self.local.Barrier()
         self.win.Sync()
 
-    def _flag_sync(self) -> None:
-        self.epoch += 1
-        lib.mpicoll_flag_set(self._my_flag, self.epoch)
-        self.wait_flags(self.epoch, None)
-
     def wait_flags(self, epoch: int, deadline) -> bool:
         """Wait until every counter has reached ``epoch`` (True), or until
         ``deadline`` (time.monotonic(); None: no limit) has passed (False)."""
@@ -221,9 +217,10 @@ class ShmWindow:
         self._slots[self.me, lo:hi] = sig
 
     def verify(self, sig, info, ctx) -> None:
-        """After the sync that carried the signatures (the counters read
-        with acquire loads): MismatchError on every rank of the node if
-        they differ, before anyone reads a peer's slot or grows the window."""
+        """After the sync that carried the signatures (flags: the counters
+        were read with acquire loads; barrier: Win_sync here): MismatchError
+        on every rank of the node if they differ, before anyone reads a
+        peer's slot or grows the window."""
         if self.sync_mode != "flags":
             self.win.Sync()  # the barrier's memory side: the peers' header writes
         lo, hi = self._sig_words()
@@ -303,19 +300,28 @@ def signature(nbytes: int, red, chunk_bytes: int):
 _SIG_FIELDS = ("count", "dtype", "op", "chunk_bytes")
 
 
+def _sig_value(field: str, word: int):
+    """A signature word as the error shows it: names for the dtype and op."""
+    if field == "dtype":
+        return next((d.name for d in _dtypes.ALL if d.code == word), word)
+    if field == "op":
+        return next((o.name for o in _ops.ALL if o.code << 1 | o.average == word), word)
+    return word
+
+
 def _mismatch(seen, info, ctx):
     """The MismatchError for the signatures ``seen`` (one row per local rank)."""
     ranks = info.node_ranks[info.node]
     for j, field in enumerate(_SIG_FIELDS):
-        col = [int(v) for v in seen[:, j]]
+        col = [_sig_value(field, int(v)) for v in seen[:, j]]
         if len(set(col)) > 1:
             break
     values = {}
     for q, v in enumerate(col):
         values.setdefault(v, []).append(ranks[q])
     coll = f"{ctx.info[0]}/{ctx.info[1]}: " if ctx.info else ""
-    what = {"count": "message size in bytes", "dtype": "element type code", "op": "op code"}.get(field, field)
-    what += ": " + ", ".join(f"{v} on rank(s) {', '.join(map(str, r))}" for v, r in values.items())
+    what = {"count": "message size in bytes", "chunk_bytes": "chunk size in bytes"}.get(field, field)
+    what += ": " + "; ".join(f"{v} on rank(s) {', '.join(map(str, r))}" for v, r in values.items())
     return MismatchError(f"mpicoll: {coll}rank {ctx.rank}: the ranks of this node disagree on the {what}: "
                          "every rank of the node raises this, nothing was reduced.", field, values)
 
