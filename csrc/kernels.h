@@ -68,14 +68,13 @@ void mpicoll_f32_to_bf16(uint16_t *dst, const float *src, size_t n);
 void mpicoll_bf16_to_f32(float *dst, const uint16_t *src, size_t n);
 
 /* Shared-memory sync flags (shmsync.c), every access atomic: set this rank's
- * counter (release store); read one counter (acquire load); test whether
- * each of k counters, stride bytes apart from base, is at least value
- * (acquire loads; 1 if so); wait for that (spin `spins` polls, then yield
- * until yield_ns have passed, then sleep with back-off) for at most
- * budget_ns: 1 when every counter reached value, 0 when the budget ran out
- * (the caller checks signals and its deadline and waits again). */
+ * counter (release store); test whether each of k counters, stride bytes
+ * apart from base, is at least value (acquire loads; 1 if so); wait for
+ * that (spin `spins` polls, then yield until yield_ns have passed, then
+ * sleep with back-off) for at most budget_ns: 1 when every counter reached
+ * value, 0 when the budget ran out (the caller checks signals and its
+ * deadline and waits again). */
 void mpicoll_flag_set(int64_t *flag, int64_t value);
-int64_t mpicoll_flag_get(const int64_t *flag);
 int mpicoll_flag_test(const char *base, size_t stride, int k, int64_t value);
 int mpicoll_flag_wait(const char *base, size_t stride, int k, int64_t value, int spins,
                       int64_t yield_ns, int64_t budget_ns);

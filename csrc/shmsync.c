@@ -52,11 +52,6 @@ void mpicoll_flag_set(int64_t *flag, int64_t value)
     __atomic_store_n(flag, value, __ATOMIC_RELEASE);
 }
 
-int64_t mpicoll_flag_get(const int64_t *flag)
-{
-    return __atomic_load_n(flag, __ATOMIC_ACQUIRE);
-}
-
 /* The first of the k counters below value, from rank `from` on; k if none. */
 static int first_behind(const char *base, size_t stride, int k, int64_t value, int from)
 {
