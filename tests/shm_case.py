@@ -11,8 +11,9 @@ Every rank prints R<rank>:<case>:MISMATCH (or TIMEOUT / returned / ERROR),
 then all make a matching call, whose result is checked, and print
 R<rank>:<case>:recovered: the window is still usable after the error.
 
-sigint: rank 1 skips a call; rank 0 waits for it in shared memory with no
-deadline, prints R0:pid:<pid> and R0:waiting, and is sent SIGINT from
+sigint: rank 1 stops taking part after one call. Rank 0 first waits for it
+in a nonblocking call with a deadline (R0:TIMEOUT), then in a blocking one
+with none: it prints R0:pid:<pid> and R0:waiting, and is sent SIGINT from
 outside: it must print R0:INTERRUPTED (KeyboardInterrupt reached Python),
 then the uncaught exception ends the job.
 """
@@ -39,6 +40,11 @@ if case == "sigint":
     if rank == 1:
         time.sleep(120)  # never takes part again; the job ends when rank 0's exception aborts it
     else:
+        try:
+            mpicoll.iallreduce(np.ones(1000, np.float32), comm=comm, algorithm="shm", timeout=1.0).wait()
+            report("returned")
+        except mpicoll.CollectiveTimeout:
+            report("TIMEOUT")
         report(f"pid:{os.getpid()}")
         report("waiting")
         try:
