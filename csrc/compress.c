@@ -16,6 +16,12 @@
  * The loop works on blocks of 1024 elements with the dispatched conversions
  * of cast.c (F16C / AVX-512 where the CPU has them), as reduce.c does for
  * 16-bit reductions: the float32 temporary stays in L1 between the passes.
+ *
+ * Every buffer is aligned to its element size: the loops load through
+ * typed pointers (float, uint16_t), and a misaligned one is undefined
+ * behaviour that UBSan reports. mpicoll/compression.py refuses misaligned
+ * buffers before calling, and its schedule copies users' float32 views at
+ * a byte offset into aligned scratch first.
  */
 #include "kernels.h"
 #include "simd.h"

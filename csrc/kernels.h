@@ -67,11 +67,17 @@ void mpicoll_f16_to_f32(float *dst, const uint16_t *src, size_t n);
 void mpicoll_f32_to_bf16(uint16_t *dst, const float *src, size_t n);
 void mpicoll_bf16_to_f32(float *dst, const uint16_t *src, size_t n);
 
-/* Shared-memory sync flags (shmsync.c): set this rank's counter (release
- * store); wait until each of k counters, stride bytes apart from base, is at
- * least value (acquire loads; spin `spins` polls, then yield at each poll). */
+/* Shared-memory sync flags (shmsync.c), every access atomic: set this rank's
+ * counter (release store); test whether each of k counters, stride bytes
+ * apart from base, is at least value (acquire loads; 1 if so); wait for
+ * that (spin `spins` polls, then yield until yield_ns have passed, then
+ * sleep with back-off) for at most budget_ns: 1 when every counter reached
+ * value, 0 when the budget ran out (the caller checks signals and its
+ * deadline and waits again). */
 void mpicoll_flag_set(int64_t *flag, int64_t value);
-void mpicoll_flag_wait(const char *base, size_t stride, int k, int64_t value, int spins);
+int mpicoll_flag_test(const char *base, size_t stride, int k, int64_t value);
+int mpicoll_flag_wait(const char *base, size_t stride, int k, int64_t value, int spins,
+                      int64_t yield_ns, int64_t budget_ns);
 
 /* The instruction set the run-time dispatch chose for 16-bit conversions:
  * "avx512f", "f16c" or "generic". */
@@ -79,7 +85,9 @@ const char *mpicoll_isa(void);
 
 /* Wire compression (compress.c): float32 accumulation of 16-bit partials.
  * dst[i] = round16(a[i] / divisor + widen16(b[i])), the sum in float32 and
- * rounded once; b may be NULL (then dst = round16(a / divisor)). */
+ * rounded once; b may be NULL (then dst = round16(a / divisor)). Every
+ * buffer must be aligned to its element size (no status to refuse one:
+ * the callers in mpicoll/compression.py check it). */
 void mpicoll_accumulate_round_f16(uint16_t *dst, const float *a, float divisor, const uint16_t *b, size_t n);
 void mpicoll_accumulate_round_bf16(uint16_t *dst, const float *a, float divisor, const uint16_t *b, size_t n);
 /* acc[i] += widen16(in[i]), in float32. */

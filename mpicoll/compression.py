@@ -25,6 +25,10 @@ Two kinds, for float32 and float64 data and the ops "sum" and "avg":
   stream, so keep one ``TopK`` per tensor (the bucketer keeps one per
   bucket); a string makes a new instance per call, which drops the residual.
 
+Any float32/float64 array is accepted, views that start at a byte offset
+included (``np.frombuffer(buf, np.float32, offset=2)``): the C kernels get
+aligned scratch copies of those, with the bits an aligned copy would give.
+
 The compressed result is defined whatever the communicator size: on one rank
 the data still go through the wire format (rounded to 16 bits, or
 sparsified), so a one-process run computes what a p-process run computes.
@@ -46,11 +50,33 @@ from .algorithms import ring_compressed, sparse_allgather
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
+def _arg(x, itemsize: int, ctype: str, what: str, writable=False):
+    """``x`` as a cffi pointer for a wire kernel, after the checks the C code
+    relies on (as kernels.py does for reductions): 1-D contiguous storage of
+    ``itemsize``-byte elements, aligned to them (compress.c loads through
+    typed pointers; schedule() copies misaligned user arrays to scratch, so
+    a misaligned array here is a bug in mpicoll, refused, never read)."""
+    if x.itemsize != itemsize:
+        raise TypeError(f"mpicoll: wire kernel {what} has {x.itemsize}-byte elements ({x.dtype}), needs {itemsize}")
+    if not x.flags.c_contiguous:
+        raise ValueError(f"mpicoll: wire kernel {what} must be contiguous")
+    if x.ctypes.data % itemsize:
+        raise ValueError(f"mpicoll: wire kernel {what} at {hex(x.ctypes.data)} is not aligned to its "
+                         f"{itemsize}-byte elements")
+    return ffi.from_buffer(ctype, x, require_writable=writable)
+
+
+def aligned(x: np.ndarray) -> bool:
+    """Whether the wire kernels may take ``x`` as it is (contiguous, aligned)."""
+    return x.flags.c_contiguous and x.ctypes.data % x.itemsize == 0
+
+
 class _WireFormat:
     """A 16-bit wire format bound to its compress.c / cast.c kernels.
 
-    The methods take 1-D arrays of equal length (checked) and run on the hot
-    path of the compressed ring.
+    The methods take 1-D contiguous arrays of equal length, float32 and
+    uint16 (16-bit bits), aligned to their elements (all checked) and run on
+    the hot path of the compressed ring.
     """
 
     def __init__(self, name, acc_round, acc, to32, from32):
@@ -62,28 +88,32 @@ class _WireFormat:
         n = dst.size
         if a.size != n or (b is not None and b.size != n):
             raise ValueError(f"mpicoll: accumulate_round of unequal lengths {n}, {a.size}, {None if b is None else b.size}")
+        pd, pa = _arg(dst, 2, "uint16_t[]", "dst", True), _arg(a, 4, "float[]", "a")
+        pb = ffi.NULL if b is None else _arg(b, 2, "uint16_t[]", "b")
         if n:
-            self._acc_round(ffi.from_buffer("uint16_t[]", dst, require_writable=True), ffi.from_buffer("float[]", a),
-                            float(divisor), ffi.NULL if b is None else ffi.from_buffer("uint16_t[]", b), n)
+            self._acc_round(pd, pa, float(divisor), pb, n)
 
     def accumulate(self, acc, b):
         """acc += widen(b), in float32."""
         if acc.size != b.size:
             raise ValueError(f"mpicoll: accumulate of unequal lengths {acc.size}, {b.size}")
+        pacc, pb = _arg(acc, 4, "float[]", "acc", True), _arg(b, 2, "uint16_t[]", "b")
         if acc.size:
-            self._acc(ffi.from_buffer("float[]", acc, require_writable=True), ffi.from_buffer("uint16_t[]", b), acc.size)
+            self._acc(pacc, pb, acc.size)
 
     def widen(self, dst, src):
         if dst.size != src.size:
             raise ValueError(f"mpicoll: widen of unequal lengths {dst.size}, {src.size}")
+        pd, ps = _arg(dst, 4, "float[]", "dst", True), _arg(src, 2, "uint16_t[]", "src")
         if dst.size:
-            self._to32(ffi.from_buffer("float[]", dst, require_writable=True), ffi.from_buffer("uint16_t[]", src), dst.size)
+            self._to32(pd, ps, dst.size)
 
     def narrow(self, dst, src):
         if dst.size != src.size:
             raise ValueError(f"mpicoll: narrow of unequal lengths {dst.size}, {src.size}")
+        pd, ps = _arg(dst, 2, "uint16_t[]", "dst", True), _arg(src, 4, "float[]", "src")
         if dst.size:
-            self._from32(ffi.from_buffer("uint16_t[]", dst, require_writable=True), ffi.from_buffer("float[]", src), dst.size)
+            self._from32(pd, ps, dst.size)
 
 
 WIRE_FORMATS = {
@@ -240,14 +270,17 @@ def schedule(ctx, src: np.ndarray, dst: np.ndarray, average: bool, c):
         yield from sparse_allgather.allreduce(ctx, idx, val, n, dst, average)
         return
     fmt = c.fmt
-    if src.dtype == np.float32:
+    # The wire kernels read and write float32 through typed pointers: float64
+    # data, and float32 views at a byte offset (valid numpy arrays, e.g.
+    # np.frombuffer(buf, np.float32, offset=2)), go through aligned scratch.
+    if src.dtype == np.float32 and aligned(src):
         src32 = src
     else:
         src32 = ctx.scratch("compression_src32", src.size, np.float32)
         src32[...] = src
     wire = ctx.scratch("compression_wire", n, np.uint16)
     yield from ring_compressed.allreduce(ctx, src32, wire, fmt, p if c.prescale else 1)
-    if dst.dtype == np.float32:
+    if dst.dtype == np.float32 and aligned(dst):
         fmt.widen(dst, wire)
         res = dst
     else:

@@ -119,3 +119,39 @@ def test_topk_avg_and_public_entry():
     want[95:] = np.arange(96, 101) * sum(range(1, p + 1)) / p
     np.testing.assert_array_equal(got, want.astype(np.float32))
     assert_identical_everywhere(comm, got)
+
+
+def _at_offset(values, offset):
+    """``values`` copied into a view that starts ``offset`` bytes into a byte
+    buffer (misaligned for its element type when offset is not a multiple)."""
+    raw = np.zeros(values.nbytes + 16, np.uint8)
+    view = np.frombuffer(raw, values.dtype, count=values.size, offset=offset)
+    view[...] = values
+    return view
+
+
+@pytest.mark.parametrize("offset", [1, 2, 4])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_misaligned_views_match_an_aligned_copy(offset, dtype):
+    """Input, output or both at a byte offset: the same bits as the same
+    values in aligned arrays (the wire kernels get aligned scratch copies,
+    never a misaligned typed pointer), for 16-bit formats and top-k."""
+    comm = MPI.COMM_WORLD
+    p, rank = comm.size, comm.rank
+    n = 3 * p + 1001
+    x = inputs(n, p, dtype, seed=offset)[rank]
+    for spec in ("fp16", C.HalfPrecision("bf16", prescale=True)):
+        for op in ("sum", "avg"):
+            want = mpicoll.allreduce(x.copy(), op=op, compression=spec)
+            mis = _at_offset(x, offset)
+            got = mpicoll.allreduce(mis, op=op, compression=spec)  # misaligned input
+            assert got.tobytes() == want.tobytes(), (spec, op)
+            out = _at_offset(np.zeros_like(x), offset)
+            mpicoll.allreduce(x, op=op, compression=spec, out=out)  # misaligned output
+            assert out.tobytes() == want.tobytes(), (spec, op)
+            mpicoll.allreduce(mis, op=op, compression=spec, out=mis)  # both, in place
+            assert mis.tobytes() == want.tobytes(), (spec, op)
+            req = mpicoll.iallreduce(_at_offset(x, offset), op=op, compression=spec)
+            assert req.wait().tobytes() == want.tobytes(), (spec, op)
+    want = mpicoll.allreduce(x.copy(), compression=C.TopK(0.05))
+    assert mpicoll.allreduce(_at_offset(x, offset), compression=C.TopK(0.05)).tobytes() == want.tobytes()

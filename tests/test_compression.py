@@ -67,6 +67,40 @@ def test_kernel_length_checks():
         w.accumulate(np.empty(3, np.float32), np.empty(2, np.uint16))
 
 
+def test_kernel_type_and_alignment_checks():
+    """Like kernels.py's reductions: the wire kernels get aligned typed
+    buffers of the right element size, or refuse them before touching them."""
+    w = C.WIRE_FORMATS["bf16"]
+    raw = np.zeros(4 * 9 + 8, np.uint8)
+    odd32 = raw[1:33].view(np.float32)  # 8 float32 starting one byte in
+    odd16 = raw[1:17].view(np.uint16)
+    f32, u16 = np.ones(8, np.float32), np.ones(8, np.uint16)
+    for call in (lambda: w.accumulate_round(u16, odd32, 1.0, None), lambda: w.accumulate_round(odd16, f32, 2.0, u16),
+                 lambda: w.accumulate_round(u16, f32, 2.0, odd16), lambda: w.accumulate(odd32, u16),
+                 lambda: w.accumulate(f32, odd16), lambda: w.widen(odd32, u16), lambda: w.narrow(u16, odd32)):
+        with pytest.raises(ValueError, match="aligned"):
+            call()
+    with pytest.raises(TypeError, match="4"):
+        w.accumulate(np.ones(8, np.float64), u16)  # same length, other element size: not reinterpreted
+    with pytest.raises(TypeError, match="2"):
+        w.widen(f32, np.ones(8, np.float32))
+
+
+@pytest.mark.parametrize("offset", [1, 2])
+@pytest.mark.parametrize("spec", ["fp16", C.HalfPrecision("bf16", prescale=True)])
+def test_one_rank_misaligned_views(offset, spec):
+    """A float32 view at a byte offset, as input and as output, gives the
+    bits of an aligned copy."""
+    x = np.random.default_rng(offset).standard_normal(1001).astype(np.float32)
+    raw = np.zeros(x.nbytes + 8, np.uint8)
+    mis = np.frombuffer(raw, np.float32, count=x.size, offset=offset)
+    mis[...] = x
+    want = mpicoll.allreduce(x, op="avg", compression=spec, comm=MPI.COMM_SELF)
+    assert mpicoll.allreduce(mis, op="avg", compression=spec, comm=MPI.COMM_SELF).tobytes() == want.tobytes()
+    mpicoll.allreduce(mis, op="avg", compression=spec, comm=MPI.COMM_SELF, out=mis)
+    assert mis.tobytes() == want.tobytes()
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_topk_selects_largest_and_conserves(dtype):
     rng = np.random.default_rng(0)

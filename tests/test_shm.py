@@ -180,3 +180,64 @@ def test_small_auto_calls_make_no_node_communicators():
         assert ("node" in st.extra) == (comm.size > 1)  # one rank runs no algorithm at all
     finally:
         comm.Free()
+
+
+def test_flag_test_sees_a_peer_only_after_it_publishes():
+    """The nonblocking test of a flag sync: False until the last rank of the
+    node has set its counter, True after, with the data it wrote before
+    visible (acquire loads of counters set by other processes)."""
+    import time
+
+    comm = MPI.COMM_WORLD.Dup()
+    try:
+        st = state(comm)
+        info = node_info(st)
+        if info.local_size < 2:
+            pytest.skip("needs two ranks on a node")
+        w = shm.window(st, info, "flags")
+        me, last = info.local_rank, info.local_size - 1
+        sync = shm._FlagSync(w)
+        if me != last:
+            sync.post()
+        comm.Barrier()
+        before = sync.test() if me != last else False
+        comm.Barrier()  # every rank has tested before the last one publishes
+        if me == last:
+            w.slot(me, 0).view(np.int64)[:1024] = np.arange(1024) + 7
+            sync.post()
+        assert sync.wait(time.monotonic() + 60)
+        assert sync.test()
+        assert not before, "the test saw a counter the last rank had not set"
+        np.testing.assert_array_equal(w.slot(last, 0).view(np.int64)[:1024], np.arange(1024) + 7)
+        comm.Barrier()  # no rank frees the window while another reads it
+    finally:
+        comm.Free()
+
+
+@pytest.mark.parametrize("nonblocking", [False, True], ids=["blocking", "nonblocking"])
+def test_mismatched_counts_raise_on_every_rank(nonblocking):
+    """The last rank passes one element more, or a dtype of the same byte
+    size: every rank raises MismatchError (nothing partly reduced), and the
+    communicator's window works for the next call. tests/test_shm_safety.py
+    runs the cases that would grow the window, in jobs of their own."""
+    comm = MPI.COMM_WORLD.Dup()
+    p, rank = comm.size, comm.rank
+    if node_info(state(comm)).nodes != 1 or p == 1:
+        comm.Free()
+        pytest.skip("needs one node and two ranks")
+    odd = rank == p - 1
+    try:
+        for x, field in ((np.ones(1001 if odd else 1000, np.float32), "count"),
+                         (np.ones(500, np.float64) if odd else np.ones(1000, np.float32), "dtype")):
+            with pytest.raises(mpicoll.MismatchError) as info:
+                if nonblocking:
+                    mpicoll.iallreduce(x, comm=comm, algorithm="shm", timeout=60).wait()
+                else:
+                    mpicoll.allreduce(x, comm=comm, algorithm="shm", timeout=60)
+            assert info.value.field == field
+            if field == "count":
+                assert info.value.values == {4000: list(range(p - 1)), 4004: [p - 1]}
+            got = mpicoll.allreduce(np.full(1000, rank + 1.0, np.float32), comm=comm, algorithm="shm")
+            np.testing.assert_array_equal(got, np.full(1000, p * (p + 1) / 2, np.float32))
+    finally:
+        comm.Free()

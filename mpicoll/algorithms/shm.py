@@ -2,12 +2,23 @@
 
 Function:     allreduce(ctx, buf, red, src=None, *, chunk_bytes=CHUNK_BYTES, sync=None)
 Description:  The node's k ranks share one MPI-3 shared-memory window
-              (``MPI_Win_allocate_shared``), allocated on first use, kept in
-              the communicator's state and reused; it grows (collectively,
-              all ranks see the same message size) when a longer message
-              needs bigger chunks, and is freed with the communicator or at
+              (``MPI_Win_allocate_shared``), allocated on first use (with
+              64 KiB slots, whatever the message, so that every rank makes
+              the same window), kept in the communicator's state and
+              reused; it grows (collectively) when a longer message needs
+              bigger chunks, and is freed with the communicator or at
               interpreter exit. Each rank's part of the window holds two
               chunk slots (double buffering, below).
+
+              Agreement: each rank writes the call's signature (message
+              bytes, dtype, op, chunk size) next to its sync counter before
+              the call's first sync, and compares every rank's after it:
+              if they differ, every rank of the node raises MismatchError,
+              before any rank reads a peer's slot (nothing is partly
+              reduced) and the window stays usable. A call whose message
+              needs a bigger window, or is empty, passes one sync of its
+              own for this first, so the window only grows once every rank
+              knows that every rank will grow it.
 
               The message is processed in chunks of at most ``chunk_bytes``
               (so the window stays at most 2 * chunk_bytes per rank for any
@@ -39,16 +50,22 @@ Description:  The node's k ranks share one MPI-3 shared-memory window
               Synchronisation (``sync=``): "flags" (default), one int64
               counter per rank in the window: a rank stores the sync's
               number with a release store and waits, in C, until every
-              counter has reached it, spinning briefly and then yielding
-              the core at each poll (the peer it waits for may need that
-              core: 4-8 ranks share 2 cores in the tests). "barrier":
+              counter has reached it (acquire loads, the nonblocking test's
+              included), spinning briefly, then yielding the core at each
+              poll for 10 ms, then sleeping with back-off up to 1 ms (the
+              peer it waits for may need that core: 4-8 ranks share 2 cores
+              in the tests). The C wait returns to Python every 50 ms at
+              most, so the deadline (``timeout=``) and Ctrl-C
+              (KeyboardInterrupt) are honoured while a peer is late, dead
+              or absent. "barrier":
               MPI_Win_sync, MPI_Barrier on the node communicator,
               MPI_Win_sync (the MPI-3 idiom). Measured on the 2-core machine
               at p=2 and 4, 1-64 MiB: flags 1.1-1.7x faster.
 Cost:         Per rank and per byte of message: (k-1)/k of a copy in, 1/k
               of a k-input reduction (reads k/k = 1 byte), one copy out:
               about (3k-1)/k bytes read and 2 written, with no network
-              message and no temporaries; 2 syncs per chunk. MPI_Allreduce through
+              message and no temporaries; 2 syncs per chunk (one more for
+              a call that grows the window or is empty). MPI_Allreduce through
               MPICH's shared-memory transport moves every byte through
               bounce buffers several times and reduces pairwise.
 Limitations:  One node only. On a communicator that spans several nodes
@@ -60,8 +77,15 @@ Limitations:  One node only. On a communicator that spans several nodes
               Calls on one communicator take turns on its window in the
               order they were started (the same on every rank), so several
               nonblocking shm all-reduces may be outstanding at once, but
-              they run one after the other. Nonblocking waits poll the flags
-              from Python (the blocking path waits in C).
+              they run one after the other. Nonblocking tests poll the flags
+              once (in C); waits wait in C in bounded rounds. The agreement
+              covers the ranks of one node: on several nodes
+              (hierarchical) a node whose ranks agree among themselves but
+              not with another node's is caught by the cross-node
+              algorithm's receive-size checks (one rank's MismatchError,
+              or the others' CollectiveTimeout with ``timeout=``), like
+              the network algorithms. Window creation on first use is
+              collective MPI with no deadline.
 """
 from __future__ import annotations
 
@@ -76,7 +100,10 @@ import numpy as np
 from mpi4py import MPI
 
 from . import register
+from .. import dtypes as _dtypes
+from .. import ops as _ops
 from .._kernels import ffi, lib
+from ..errors import MismatchError
 from ..node import node_info
 from .common import block_bounds
 
@@ -105,8 +132,17 @@ _serial = 0
 # at the start of rank 0's segment; every segment has a header of the same
 # size so that the slots are laid out alike.
 FLAG_STRIDE = 128
-# Polls before a waiting rank starts yielding its core (see csrc/shmsync.c).
+# A flag wait (csrc/shmsync.c) polls SPINS times, then yields the core at
+# each poll for YIELD_S, then sleeps with back-off; it comes back to Python
+# every ROUND_S at most, so that Ctrl-C (KeyboardInterrupt) and the deadline
+# are seen while a peer is late or dead.
 SPINS = 200
+YIELD_S = 0.01
+ROUND_S = 0.05
+# Each rank's flag slot (FLAG_STRIDE bytes, as int64 words): the counter,
+# then the call's signature (SIG_WORDS words) in two copies, by the parity
+# of the check's number (see ShmWindow.publish).
+SIG_WORDS = 4
 
 
 class ShmWindow:
@@ -135,16 +171,15 @@ class ShmWindow:
         self.turn = 0  # the slot the next chunk uses (same on every rank)
         self.k, self.me = k, local.Get_rank()
         self.sync_mode = sync
-        self.sync = self._flag_sync if sync == "flags" else self._barrier_sync
         self.epoch = 0  # sync points passed (same on every rank); counters start at 0
+        self.checks = 0  # signature checks passed (same on every rank)
         flags = self._mem[0]
         if self.me == 0:
             flags[:self.header] = 0  # rank 0 clears the flags ...
         self._flags = ffi.from_buffer(flags)
         self._my_flag = ffi.cast("int64_t *", ffi.from_buffer(flags[self.me * FLAG_STRIDE:]))
-        # Every rank's counter, for the nonblocking test (aligned 8-byte
-        # loads, which x86-64 and AArch64 make atomic).
-        self._flag_view = np.frombuffer(flags[:self.header], np.int64)[::FLAG_STRIDE // 8][:k]
+        # Every rank's flag slot as int64 words: [counter, signature, signature].
+        self._slots = np.frombuffer(flags[:self.header], np.int64).reshape(-1, FLAG_STRIDE // 8)[:k]
         self._barrier_sync()  # ... before anyone uses a flag
         global _serial
         _serial += 1
@@ -161,10 +196,38 @@ class ShmWindow:
         self.local.Barrier()
         self.win.Sync()
 
-    def _flag_sync(self) -> None:
-        self.epoch += 1
-        lib.mpicoll_flag_set(self._my_flag, self.epoch)
-        lib.mpicoll_flag_wait(self._flags, FLAG_STRIDE, self.k, self.epoch, SPINS)
+    def wait_flags(self, epoch: int, deadline) -> bool:
+        """Wait until every counter has reached ``epoch`` (True), or until
+        ``deadline`` (time.monotonic(); None: no limit) has passed (False)."""
+        return wait_flags(self._flags, self.k, epoch, deadline)
+
+    def _sig_words(self):
+        lo = 1 + (self.checks & 1) * SIG_WORDS
+        return lo, lo + SIG_WORDS
+
+    def publish(self, sig) -> None:
+        """Write this call's signature for the next sync to carry (before its
+        release store). Two copies, by the parity of the check's number: a
+        rank that has passed check c (and raised, say) may write its next
+        call's signature for check c+1 while a slower rank still reads
+        those of check c; it cannot pass the sync of c+1, and so write
+        c+2's, before that rank has reached it."""
+        self.checks += 1
+        lo, hi = self._sig_words()
+        self._slots[self.me, lo:hi] = sig
+
+    def verify(self, sig, info, ctx) -> None:
+        """After the sync that carried the signatures (flags: the counters
+        were read with acquire loads; barrier: Win_sync here): MismatchError
+        on every rank of the node if they differ, before anyone reads a
+        peer's slot or grows the window."""
+        if self.sync_mode != "flags":
+            self.win.Sync()  # the barrier's memory side: the peers' header writes
+        lo, hi = self._sig_words()
+        seen = self._slots[:, lo:hi]
+        if (seen == np.asarray(sig, np.int64)).all():
+            return
+        raise _mismatch(seen, info, ctx)
 
     def _ibarrier(self):
         self.win.Sync()
@@ -178,7 +241,7 @@ class ShmWindow:
 
     def free(self) -> None:
         self._mem = []  # no view or pointer may outlive the memory
-        self._flags = self._my_flag = None
+        self._flags = self._my_flag = self._slots = None
         if self.win != MPI.WIN_NULL and not MPI.Is_finalized():
             self.win.Unlock_all()
             self.win.Free()
@@ -202,18 +265,65 @@ class _FlagSync:
         lib.mpicoll_flag_set(w._my_flag, self.epoch)
 
     def test(self) -> bool:
-        return bool((self.w._flag_view >= self.epoch).all())
+        w = self.w
+        return bool(lib.mpicoll_flag_test(w._flags, FLAG_STRIDE, w.k, self.epoch))
 
     def wait(self, deadline) -> bool:
-        if deadline is None:
-            w = self.w
-            lib.mpicoll_flag_wait(w._flags, FLAG_STRIDE, w.k, self.epoch, SPINS)
+        return self.w.wait_flags(self.epoch, deadline)
+
+
+def wait_flags(flags, k: int, epoch: int, deadline=None) -> bool:
+    """Wait until each of the ``k`` counters at ``flags`` (a cffi pointer,
+    FLAG_STRIDE bytes apart) has reached ``epoch``: True, or False once
+    ``deadline`` (time.monotonic()) has passed. The C wait runs at most
+    ROUND_S at a time with the GIL released; between rounds Python runs its
+    signal handlers (KeyboardInterrupt) and checks the deadline."""
+    start = time.monotonic()
+    spins = SPINS
+    while True:
+        now = time.monotonic()
+        budget = ROUND_S if deadline is None else min(ROUND_S, deadline - now)
+        if budget <= 0:
+            return bool(lib.mpicoll_flag_test(flags, FLAG_STRIDE, k, epoch))
+        yield_s = max(0.0, YIELD_S - (now - start))  # the back-off goes on where the last round left it
+        if lib.mpicoll_flag_wait(flags, FLAG_STRIDE, k, epoch, spins, int(yield_s * 1e9), int(budget * 1e9)):
             return True
-        while not self.test():
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0)
-        return True
+        spins = 0
+
+
+def signature(nbytes: int, red, chunk_bytes: int):
+    """What the ranks of a node must agree on for one call: the message's
+    bytes, the element type, the op and the chunk size (the chunks' syncs)."""
+    return (nbytes, red.dtype.code, red.op.code << 1 | red.op.average, chunk_bytes)
+
+
+_SIG_FIELDS = ("count", "dtype", "op", "chunk_bytes")
+
+
+def _sig_value(field: str, word: int):
+    """A signature word as the error shows it: names for the dtype and op."""
+    if field == "dtype":
+        return next((d.name for d in _dtypes.ALL if d.code == word), word)
+    if field == "op":
+        return next((o.name for o in _ops.ALL if o.code << 1 | o.average == word), word)
+    return word
+
+
+def _mismatch(seen, info, ctx):
+    """The MismatchError for the signatures ``seen`` (one row per local rank)."""
+    ranks = info.node_ranks[info.node]
+    for j, field in enumerate(_SIG_FIELDS):
+        col = [_sig_value(field, int(v)) for v in seen[:, j]]
+        if len(set(col)) > 1:
+            break
+    values = {}
+    for q, v in enumerate(col):
+        values.setdefault(v, []).append(ranks[q])
+    coll = f"{ctx.info[0]}/{ctx.info[1]}: " if ctx.info else ""
+    what = {"count": "message size in bytes", "chunk_bytes": "chunk size in bytes"}.get(field, field)
+    what += ": " + "; ".join(f"{v} on rank(s) {', '.join(map(str, r))}" for v, r in values.items())
+    return MismatchError(f"mpicoll: {coll}rank {ctx.rank}: the ranks of this node disagree on the {what}: "
+                         "every rank of the node raises this, nothing was reduced.", field, values)
 
 
 class _Turn:
@@ -271,31 +381,35 @@ def _free_all_at_exit():
             w.free()
 
 
-def window(st, info, nbytes: int, sync: str = "flags") -> ShmWindow:
-    """The communicator's window, with slots of at least ``nbytes`` (grown if needed)."""
-    key = "shm" if sync == SYNC else f"shm-{sync}"  # one window per sync mode (benchmarks compare them)
+# The slots of a new window: the same on every rank whatever its message
+# (a window made to one rank's size would have other ranks' slots elsewhere
+# in the peers' view); a call needing more grows it after the signature check.
+FIRST_SLOT_BYTES = 64 << 10
+
+
+def _key(sync: str) -> str:
+    return "shm" if sync == SYNC else f"shm-{sync}"  # one window per sync mode (benchmarks compare them)
+
+
+def window(st, info, sync: str = "flags") -> ShmWindow:
+    """The communicator's window, made (collectively) on first use."""
+    key = _key(sync)
     w = st.extra.get(key)
-    if w is None or w.slot_bytes < nbytes:
-        if w is not None:
-            _drain(st)  # nonblocking calls still using the old window finish first
-            w.local.Barrier()  # every rank has copied its last result out of the old window
-            w.free()
-        grow = 0 if w is None else 2 * w.slot_bytes  # geometric growth: few re-allocations
-        slot = min(max(nbytes, grow, 64 << 10), MAX_SLOT_BYTES)
-        slot = -(-slot // 4096) * 4096  # MAX_SLOT_BYTES is a multiple of 4096 too
-        w = ShmWindow(info.local, slot, sync)
-        st.extra[key] = w
+    if w is None:
+        w = st.extra[key] = ShmWindow(info.local, FIRST_SLOT_BYTES, sync)
     return w
 
 
-def _drain(st) -> None:
-    q = st.extra.get("shm-queue")
-    if q:
-        from .. import engine
-
-        while q:
-            engine.progress()
-            time.sleep(0)
+def _grow(st, w: ShmWindow, nbytes: int) -> ShmWindow:
+    """A window with slots of at least ``nbytes`` in place of ``w`` (collective).
+    Called at the head of the queue, after a matching signature check: every
+    rank of the node grows, and no call still uses the old window."""
+    w.local.Barrier()  # every rank has read the signatures out of the old window's header
+    w.free()
+    slot = min(max(nbytes, 2 * w.slot_bytes), MAX_SLOT_BYTES)  # geometric growth: few re-allocations
+    slot = -(-slot // 4096) * 4096  # MAX_SLOT_BYTES is a multiple of 4096 too
+    new = st.extra[_key(w.sync_mode)] = ShmWindow(w.local, slot, w.sync_mode)
+    return new
 
 
 def chunk_elems(n: int, itemsize: int, chunk_bytes: int) -> int:
@@ -308,17 +422,21 @@ def _cap(n: int, itemsize: int, chunk_bytes: int) -> int:
 
 
 def prepare(st, buf, chunk_bytes=CHUNK_BYTES, sync=None, **_) -> None:
-    """Call-time set-up (collective): the node layout and a window big enough."""
-    info = node_info(st)
-    if buf.size:
-        window(st, info, _cap(buf.size, buf.itemsize, chunk_bytes) * buf.itemsize, sync or SYNC)
+    """Call-time set-up (collective): the node layout and the window. The
+    same steps whatever the message (even empty), so that ranks that
+    disagree on it still meet at the schedule's signature check."""
+    window(st, node_info(st), sync or SYNC)
 
 
 def pipeline(ctx, info, buf, red, src, chunk_bytes, between=None, sync=None):
-    """Steps 1-5 above over the whole message, in place on ``buf`` (a schedule)."""
+    """Steps 1-5 above over the whole message, in place on ``buf`` (a schedule).
+
+    The ranks' signatures (bytes, dtype, op, chunk size) travel with the
+    first sync and are compared after it, on every rank: MismatchError
+    everywhere, before a peer's slot is read. When the window must grow
+    (or the message is empty) a sync of its own carries them first, so a
+    rank with a longer message never grows the window alone."""
     n = buf.size
-    if n == 0:
-        return
     st = ctx.st
     queue = _queue(st)
     ticket = next(_tickets)
@@ -329,8 +447,18 @@ def pipeline(ctx, info, buf, red, src, chunk_bytes, between=None, sync=None):
             yield [ctx.custom(_Turn(queue, ticket))]
         k, me = info.local_size, info.local_rank
         dtype, size = buf.dtype, buf.itemsize
-        cap = _cap(n, size, chunk_bytes)
-        w = window(st, info, cap * size, sync or SYNC)
+        cap = _cap(n, size, chunk_bytes) if n else 0
+        w = window(st, info, sync or SYNC)
+        sig = signature(n * size, red, cap * size)
+        if n == 0 or w.slot_bytes < cap * size:
+            ctx.phase = "shm: agreeing on the message"
+            w.publish(sig)
+            yield [w.sync_op(ctx)]
+            w.verify(sig, info, ctx)
+            sig = None
+            if n == 0:
+                return
+            w = _grow(st, w, cap * size)
         slots = [[w.slot(r, s).view(dtype) for r in range(k)] for s in (0, 1)]
         own = buf if src is None else src
         bounds = block_bounds(min(cap, n), k)
@@ -343,11 +471,17 @@ def pipeline(ctx, info, buf, red, src, chunk_bytes, between=None, sync=None):
             # The slot alternates across calls too: the next call's first copy-in
             # must not land in the slot a slower rank is still copying out of.
             peers = slots[w.turn]
-            w.turn ^= 1
             mine = peers[me]
             mine[:a] = own[c0:c0 + a]  # my own slice stays private: only I read it
             mine[b:m] = own[c0 + b:c0 + m]
+            if sig is not None:
+                w.publish(sig)
             yield [w.sync_op(ctx)]
+            if sig is not None:
+                w.verify(sig, info, ctx)
+                sig = None
+            # Turned only now: after a MismatchError every rank is still on this slot.
+            w.turn ^= 1
             srcs = [p[a:b] for p in peers]
             srcs[me] = own[c0 + a:c0 + b]
             red.combine_many(mine[a:b], srcs)  # rank order; the result replaces my (unused) slice
