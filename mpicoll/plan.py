@@ -195,15 +195,19 @@ class Plan:
         st.seq = seq + 1
         return _sched.Context(st, 1 + seq % st.tag_span, pool, (self.collective, self.algorithm, self.nbytes, seq))
 
+    def inputs(self) -> None:
+        """What every (re)start does first: refresh a staged input, then the prologue."""
+        if self.stage is not None:
+            self.stage()
+        if self.prologue is not None:
+            self.prologue()
+
     def run(self):
         """Blocking."""
         st = self.st
         enter(st)
         try:
-            if self.stage is not None:
-                self.stage()
-            if self.prologue is not None:
-                self.prologue()
+            self.inputs()
             if self.schedule is not None:
                 if self.native is not None and self.timeout is None:
                     st.seq += 1  # the call's number, for the flight recorder
@@ -229,10 +233,7 @@ class Plan:
             self.st.busy.release()
 
     def _start(self, pool):
-        if self.stage is not None:
-            self.stage()
-        if self.prologue is not None:
-            self.prologue()
+        self.inputs()
         if self.schedule is None:
             if self.finish is not None:
                 self.finish()
@@ -643,10 +644,7 @@ class Persistent:
             st = plan.st
             enter(st)
             try:
-                if plan.stage is not None:
-                    plan.stage()
-                if plan.prologue is not None:
-                    plan.prologue()
+                plan.inputs()
                 st.seq += 1
                 self._mpi.Start()
             finally:
