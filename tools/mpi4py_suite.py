@@ -72,7 +72,8 @@ def drive(args) -> int:
             t0 = time.monotonic()
             cmd = ["timeout", str(args.timeout)] + mpiexec + ["-n", str(n), sys.executable, "-m", "mpi4py",
                                                                os.path.abspath(__file__), "--worker", testdir,
-                                                               "--report", report.name]
+                                                               "--report", report.name] + \
+                (["--verbose"] if args.verbose else [])
             print(f"== mpiexec -n {n}: mpi4py {mpi4py.__version__}'s {', '.join(FILES)} through mpicoll.Comm",
                   flush=True)
             rc = subprocess.run(cmd, env=env).returncode
@@ -143,8 +144,9 @@ def work(args) -> int:
     world = MPI.COMM_WORLD
     suite = _suite(args.worker, mpicoll, MPI)
     calls = dropin.count_calls()
-    stream = io.StringIO()
-    result = unittest.TextTestRunner(stream=stream, verbosity=0).run(suite)
+    # --verbose: rank 0 names each test as it runs (where a run stalls).
+    stream = sys.stdout if args.verbose and world.rank == 0 else io.StringIO()
+    result = unittest.TextTestRunner(stream=stream, verbosity=2 if args.verbose else 0).run(suite)
     dropin.count_calls(False)
     failures = [(str(t), tb) for t, tb in result.failures + result.errors]
     mine = dict(passed=result.testsRun - len(failures) - len(result.skipped), failed=len(failures),
@@ -180,6 +182,7 @@ def main() -> int:
     ap.add_argument("--dir", default=os.path.join(ROOT, "build", "mpi4py-tests"),
                     help="where the downloaded test files are kept")
     ap.add_argument("--timeout", type=int, default=600, help="seconds per mpiexec run")
+    ap.add_argument("--verbose", action="store_true", help="rank 0 names each test as it runs")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--report", help=argparse.SUPPRESS)
     args = ap.parse_args()
