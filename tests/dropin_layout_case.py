@@ -1,13 +1,15 @@
 """One drop-in call whose buffer layout differs between the ranks (legal MPI:
-only the type signatures must match), run through plain mpi4py and through
+only the type signatures must match), or a vector spec that mpi4py reads in
+its own way, run through plain mpi4py and through
 mpicoll.Comm, in every mode (blocking, nonblocking, persistent): the bits
 must agree and mpicoll must have served the call on every rank.
 
     mpiexec -n P python -m mpi4py tests/dropin_layout_case.py CASE [CASE...]
 
 Launched by tests/test_dropin_layouts.py under a hard timeout: before
-mpicoll.Comm decided from facts every rank shares, the ranks took different
-paths (one mpi4py's, the others mpicoll's) and the job hung.
+mpicoll.Comm decided from facts every rank shares (and read vector specs as
+mpi4py does), the ranks took different paths (one mpi4py's, the others
+mpicoll's) and the job hung.
 """
 from __future__ import annotations
 
@@ -91,8 +93,66 @@ def gather_strided_derived_on_root(root=0):
     return "Gather", build
 
 
+# The other vector specs mpi4py's message_vector accepts (one count for every
+# block, a bare buffer whose entries do not split evenly, four items).
+UNEVEN = N * P + (P - 1)  # mpi4py gives the first UNEVEN % P blocks one entry more
+PER = [UNEVEN // P + (UNEVEN % P > i) for i in range(P)]
+
+
+def allgatherv_count():
+    def build():
+        out = np.full(N * P + 2, -1.0)
+        return (values(N), [out, N]), out
+    return "Allgatherv", build
+
+
+def allgatherv_bare_uneven():
+    def build():
+        out = np.full(UNEVEN, -1, np.int32)
+        return (values(PER[RANK], dtype=np.int32), out), out
+    return "Allgatherv", build
+
+
+def allgatherv_four_items():
+    def build():
+        out = np.full(2 * N * P, -1, np.int16)
+        displs = [2 * N * (P - 1 - i) for i in range(P)]
+        return (values(N, dtype=np.int16), [out, [N] * P, displs, MPI.SHORT]), out
+    return "Allgatherv", build
+
+
+def gatherv_count(root=P - 1):
+    def build():
+        out = np.full(N * P, -1.0)
+        return (values(N), [out, N] if RANK == root else None, root), out
+    return "Gatherv", build
+
+
+def gatherv_strided(root=P - 1):
+    def build():
+        out = np.full(2 * N * P, -1.0)
+        return ([values(N), MPI.DOUBLE], [out, (N, 2 * N), MPI.DOUBLE] if RANK == root else None, root), out
+    return "Gatherv", build
+
+
+def scatterv_bare_uneven(root=0):
+    def build():
+        out = np.full(PER[RANK], -1, np.int64)
+        return (values(UNEVEN, root, np.int64) if RANK == root else None, out, root), out
+    return "Scatterv", build
+
+
+def alltoallv_strided_recv():
+    def build():
+        out = np.full(2 * N * P, -1.0)
+        return ([values(N * P), N], [out, (N, 2 * N), MPI.DOUBLE]), out
+    return "Alltoallv", build
+
+
 CASES = {f.__name__: f for f in (scatterv_displs, gatherv_displs, allgatherv_strided, alltoallv_one_rank_gapped,
-                                 bcast_derived_on_root, gather_strided_derived_on_root)}
+                                 bcast_derived_on_root, gather_strided_derived_on_root, allgatherv_count,
+                                 allgatherv_bare_uneven, allgatherv_four_items, gatherv_count, gatherv_strided,
+                                 scatterv_bare_uneven, alltoallv_strided_recv)}
 
 
 def main(case: str) -> int:
