@@ -86,7 +86,8 @@ _calls = None
 def count_calls(enable: bool = True):
     """Count, per mpi4py method name, the calls ``mpicoll.Comm`` served
     (key ``(name, "mpicoll")``) and those it handed to mpi4py
-    (``(name, "mpi4py")``). ``count_calls()`` starts a fresh count and
+    (``(name, "mpi4py")``, and ``(name, "mpi4py", reason)`` per reason).
+    ``count_calls()`` starts a fresh count and
     returns its ``collections.Counter``, which fills as calls are made;
     ``count_calls(False)`` stops counting and returns the last one."""
     global _calls
@@ -251,11 +252,13 @@ class Comm(MPI.Intracomm):
     def Create_group(self, group, tag=0):  # noqa: N802
         return type(self)(super().Create_group(group, tag))
 
-    def _native(self, base: str, mode: str, args: tuple, info):
-        """mpi4py's own method of the same collective and mode."""
+    def _native(self, why, base: str, mode: str, args: tuple, info):
+        """mpi4py's own method of the same collective and mode (``why``: the
+        _Native raised, whose text says what mpicoll cannot serve)."""
         name = _method(base, mode)
         if _calls is not None:
             _calls[name, "mpi4py"] += 1
+            _calls[name, "mpi4py", str(why) or "unspecified"] += 1
         fn = getattr(super(), name)
         return fn(*args, info) if mode == "init" else fn(*args)
 
@@ -304,7 +307,7 @@ class Comm(MPI.Intracomm):
             return _go("Allreduce", mode, _plan.allreduce, x, name, comm=self, out=out, algorithm=algorithm)
         try:
             if not isinstance(op, MPI.Op):
-                raise _Native
+                raise _Native("op is not an MPI.Op")
             r = parse(recvbuf, writable=True)
             dt, o = _kernel_dtype(r.datatype, op)
             s, in_place = None, True
@@ -312,8 +315,8 @@ class Comm(MPI.Intracomm):
                 s = parse(sendbuf, writable=False)
                 _check_pair(s, r)
                 in_place = _in_place(s, r)
-        except _Native:
-            return self._native("Allreduce", mode, (sendbuf, recvbuf, op), info)
+        except _Native as why:
+            return self._native(why, "Allreduce", mode, (sendbuf, recvbuf, op), info)
         r.dtype = dt
         flat = r.data()
         src = None if in_place else s.raw[:s.nbytes].view(dt.storage)
@@ -332,7 +335,7 @@ class Comm(MPI.Intracomm):
     def _reduce(self, sendbuf, recvbuf, op, root, algorithm, mode, info=MPI.INFO_NULL):
         try:
             if not isinstance(op, MPI.Op) or not _root_arg(root, self.Get_size()):
-                raise _Native
+                raise _Native("op or root mpi4py or MPI refuses")
             if self.Get_rank() == root:
                 r = parse(recvbuf, writable=True)
                 dt, o = _kernel_dtype(r.datatype, op)
@@ -349,8 +352,8 @@ class Comm(MPI.Intracomm):
                 s = parse(sendbuf, writable=False)
                 dt, o = _kernel_dtype(s.datatype, op)
                 x, out, pre, post = s.raw[:s.nbytes].view(dt.storage), None, (s.pack,), ()
-        except _Native:
-            return self._native("Reduce", mode, (sendbuf, recvbuf, op, root), info)
+        except _Native as why:
+            return self._native(why, "Reduce", mode, (sendbuf, recvbuf, op, root), info)
         return _go("Reduce", mode, _plan.reduce, x, o, root, comm=self, out=out, algorithm=algorithm, dtype=dt.name,
                    pre=pre, post=post)
 
@@ -367,7 +370,7 @@ class Comm(MPI.Intracomm):
     def _reduce_scatter_block(self, sendbuf, recvbuf, op, algorithm, mode, info=MPI.INFO_NULL):
         try:
             if not isinstance(op, MPI.Op):
-                raise _Native
+                raise _Native("op is not an MPI.Op")
             p = self.Get_size()
             if _in_place_arg(sendbuf):
                 r = parse(recvbuf, writable=True, blocks=p)
@@ -391,8 +394,8 @@ class Comm(MPI.Intracomm):
                     if s.address != r.address:
                         raise ValueError("mpicoll: send and receive buffers partially overlap")
                     out = x[:r.count]
-        except _Native:
-            return self._native("Reduce_scatter_block", mode, (sendbuf, recvbuf, op), info)
+        except _Native as why:
+            return self._native(why, "Reduce_scatter_block", mode, (sendbuf, recvbuf, op), info)
         return _go("Reduce_scatter_block", mode, _plan.reduce_scatter, x, o, comm=self, counts=[r.count] * p, out=out,
                    algorithm=algorithm, dtype=dt.name, pre=pre, post=(r.unpack,))
 
@@ -409,7 +412,7 @@ class Comm(MPI.Intracomm):
     def _reduce_scatter(self, sendbuf, recvbuf, recvcounts, op, algorithm, mode, info=MPI.INFO_NULL):
         try:
             if not isinstance(op, MPI.Op):
-                raise _Native
+                raise _Native("op is not an MPI.Op")
             p, rank = self.Get_size(), self.Get_rank()
             r = parse(recvbuf, writable=True)
             in_place = _in_place_arg(sendbuf)
@@ -454,8 +457,8 @@ class Comm(MPI.Intracomm):
                 out = r.data()
                 if out.nbytes and x.nbytes and np.may_share_memory(x, out):
                     raise ValueError("mpicoll: send and receive buffers partially overlap")
-        except _Native:
-            return self._native("Reduce_scatter", mode, (sendbuf, recvbuf, recvcounts, op), info)
+        except _Native as why:
+            return self._native(why, "Reduce_scatter", mode, (sendbuf, recvbuf, recvcounts, op), info)
         _check_algorithm("reduce_scatter", algorithm)
         return _go("Reduce_scatter", mode, _plan.reduce_scatter, x, o, comm=self, counts=counts, out=out,
                    algorithm=algorithm, dtype=dt.name, pre=_sending(s, r, in_place), post=(r.unpack,))
@@ -473,14 +476,14 @@ class Comm(MPI.Intracomm):
     def _bcast(self, buf, root, algorithm, mode, info=MPI.INFO_NULL):
         try:
             if not _root_arg(root, self.Get_size()):
-                raise _Native
+                raise _Native("a root mpi4py or MPI refuses")
             is_root = self.Get_rank() == root
             m = parse(buf, writable=not is_root)
             data = m.raw[:m.nbytes]
             if is_root and not data.flags.writeable:
                 data = data.copy()  # root only sends, but mpicoll.bcast wants a writable buffer
-        except _Native:
-            return self._native("Bcast", mode, (buf, root), info)
+        except _Native as why:
+            return self._native(why, "Bcast", mode, (buf, root), info)
         return _go("Bcast", mode, _plan.bcast, data, root, comm=self, algorithm=algorithm,
                    pre=(m.pack,) if is_root else (), post=() if is_root else (m.unpack,))
 
@@ -510,8 +513,8 @@ class Comm(MPI.Intracomm):
                         raise ValueError("mpicoll: send buffer overlaps the receive buffer")
                 else:
                     in_place = False
-        except _Native:
-            return self._native("Allgather", mode, (sendbuf, recvbuf), info)
+        except _Native as why:
+            return self._native(why, "Allgather", mode, (sendbuf, recvbuf), info)
         return _go("Allgather", mode, _allgather_plan, self, flat, mine, rank, p, algorithm, in_place, block,
                    pre=_sending(s, r, in_place), post=(r.unpack,))
 
@@ -569,7 +572,7 @@ class _FamilyMethods:
         v = which == "Scatterv"
         try:
             if not _root_arg(root, self.Get_size()):
-                raise _Native
+                raise _Native("a root mpi4py or MPI refuses")
             p, rank = self.Get_size(), self.Get_rank()
             is_root = rank == root
             r = None if is_root and _in_place_arg(recvbuf) else parse(recvbuf, writable=True)
@@ -594,8 +597,8 @@ class _FamilyMethods:
                 counts[rank] = r.nbytes
                 if not v:
                     counts = [r.nbytes] * p
-        except _Native:
-            return self._native(which, mode, (sendbuf, recvbuf, root), info)
+        except _Native as why:
+            return self._native(why, which, mode, (sendbuf, recvbuf, root), info)
         name, counts = self._rooted("scatter", v, algorithm, root, counts, is_root)
         return _go(which, mode, _plan.scatter, full, root, comm=self, out=out, counts=counts, algorithm=name,
                    pre=pre, post=post)
@@ -623,7 +626,7 @@ class _FamilyMethods:
         v = which == "Gatherv"
         try:
             if not _root_arg(root, self.Get_size()):
-                raise _Native
+                raise _Native("a root mpi4py or MPI refuses")
             p, rank = self.Get_size(), self.Get_rank()
             is_root = rank == root
             s = None if is_root and _in_place_arg(sendbuf) else parse(sendbuf, writable=False)
@@ -646,8 +649,8 @@ class _FamilyMethods:
                 counts[rank] = s.nbytes
                 if not v:
                     counts = [s.nbytes] * p
-        except _Native:
-            return self._native(which, mode, (sendbuf, recvbuf, root), info)
+        except _Native as why:
+            return self._native(why, which, mode, (sendbuf, recvbuf, root), info)
         name, counts = self._rooted("gather", v, algorithm, root, counts, is_root)
         return _go(which, mode, _plan.gather, x, root, comm=self, out=full, counts=counts, algorithm=name,
                    pre=pre, post=post)
@@ -677,8 +680,8 @@ class _FamilyMethods:
                 if s.nbytes != counts[rank]:
                     raise _mismatch("send size", s.nbytes, counts[rank])
                 x = s.raw[:s.nbytes]
-        except _Native:
-            return self._native("Allgatherv", mode, (sendbuf, recvbuf), info)
+        except _Native as why:
+            return self._native(why, "Allgatherv", mode, (sendbuf, recvbuf), info)
         return _go("Allgatherv", mode, _plan.allgatherv, x, counts, comm=self, out=full, algorithm=algorithm,
                    pre=_sending(s, r, s is None), post=(r.unpack,))
 
@@ -726,8 +729,8 @@ class _FamilyMethods:
                     if s.nbytes != r.nbytes:
                         raise _mismatch("send block size", s.nbytes, r.nbytes)
                     x = s.raw[:s.nbytes * p]
-        except _Native:
-            return self._native(which, mode, (sendbuf, recvbuf), info)
+        except _Native as why:
+            return self._native(why, which, mode, (sendbuf, recvbuf), info)
         pre, post = _sending(s, r, s is None), (r.unpack,)
         if v:
             return _go(which, mode, _plan.alltoallv, x, sc, rc, comm=self, out=out, algorithm=algorithm,

@@ -100,10 +100,10 @@ def _host_bytes(o_buf, writable: bool) -> np.ndarray:
     """uint8 view of a host buffer, acquired by mpi4py's own MPI.buffer."""
     if not _is_buffer(o_buf):
         if hasattr(o_buf, "__cuda_array_interface__"):
-            raise _Native  # device memory: the MPI library may handle it, we cannot
+            raise _Native("device memory")  # the MPI library may handle it, we cannot
         dev = getattr(o_buf, "__dlpack_device__", None)
         if dev is not None and dev()[0] != 1:  # kDLCPU
-            raise _Native
+            raise _Native("device memory")
     mb = MPI.buffer(o_buf)
     if writable and mb.readonly:
         # Let mpi4py's own writable-buffer acquisition raise its own error (it
@@ -229,16 +229,16 @@ def _basic_of(datatype: MPI.Datatype):
             made.extend(u for u in types if u.combiner != MPI.COMBINER_NAMED)
             stack.extend(types)
             if not types or len(leaves) > 1:
-                raise _Native  # an F90 parameterised type, or already a mixed signature
+                raise _Native("a type signature of several predefined types")  # or F90 parameterised
     finally:
         for u in made:  # get_contents returns new handles for derived types
             u.Free()
     if len(leaves) != 1:
-        raise _Native
+        raise _Native("a type signature of several predefined types")
     (basic,) = leaves.values()
     size, _ = _type_info(basic)
     if size <= 0 or datatype.size % size:
-        raise _Native
+        raise _Native("a type signature of several predefined types")
     return basic, datatype.size // size
 
 

@@ -73,9 +73,9 @@ def drive(args) -> int:
             cmd = ["timeout", str(args.timeout)] + mpiexec + ["-n", str(n), sys.executable, "-m", "mpi4py",
                                                                os.path.abspath(__file__), "--worker", testdir,
                                                                "--report", report.name] + \
-                (["--verbose"] if args.verbose else [])
-            print(f"== mpiexec -n {n}: mpi4py {mpi4py.__version__}'s {', '.join(FILES)} through mpicoll.Comm",
-                  flush=True)
+                (["--verbose"] if args.verbose else []) + (["--plain"] if args.plain else [])
+            how = "plain mpi4py" if args.plain else "through mpicoll.Comm"
+            print(f"== mpiexec -n {n}: mpi4py {mpi4py.__version__}'s {', '.join(FILES)}, {how}", flush=True)
             rc = subprocess.run(cmd, env=env).returncode
             took = time.monotonic() - t0
             text = report.read()
@@ -107,7 +107,7 @@ def _wrap_comm(cls, mpicoll, MPI):
     cls.setUp = setUp
 
 
-def _suite(testdir: str, mpicoll, MPI):
+def _suite(testdir: str, mpicoll, MPI, plain: bool):
     sys.path.insert(0, testdir)
     loader = unittest.TestLoader()
     suite = unittest.TestSuite()
@@ -116,7 +116,7 @@ def _suite(testdir: str, mpicoll, MPI):
             continue  # not in this mpi4py version
         mod = __import__(name)
         for obj in list(vars(mod).values()):
-            if isinstance(obj, type) and issubclass(obj, unittest.TestCase) and hasattr(obj, "COMM"):
+            if isinstance(obj, type) and issubclass(obj, unittest.TestCase) and hasattr(obj, "COMM") and not plain:
                 _wrap_comm(obj, mpicoll, MPI)
         for test in _flatten(loader.loadTestsFromModule(mod)):
             cls = type(test)
@@ -142,7 +142,7 @@ def work(args) -> int:
     from mpicoll import dropin
 
     world = MPI.COMM_WORLD
-    suite = _suite(args.worker, mpicoll, MPI)
+    suite = _suite(args.worker, mpicoll, MPI, args.plain)
     calls = dropin.count_calls()
     # --verbose: rank 0 names each test as it runs (where a run stalls).
     stream = sys.stdout if args.verbose and world.rank == 0 else io.StringIO()
@@ -151,18 +151,25 @@ def work(args) -> int:
     failures = [(str(t), tb) for t, tb in result.failures + result.errors]
     mine = dict(passed=result.testsRun - len(failures) - len(result.skipped), failed=len(failures),
                 skipped=len(result.skipped), failures=failures, skips=[(str(t), r) for t, r in result.skipped],
-                calls=[[k[0], k[1], v] for k, v in calls.items()])
+                calls=[[list(k), v] for k, v in calls.items()])
     everyone = world.gather(mine, root=0)
     if world.rank != 0:
         return 0
     total = collections.Counter()
     for r in everyone:
-        for name, who, v in r["calls"]:
-            total[name, who] += v
+        for key, v in r["calls"]:
+            total[tuple(key)] += v
     names = sorted({k[0] for k in total})
     print(f"{'method':28s} {'mpicoll':>8s} {'mpi4py':>8s}   (calls, all ranks)")
     for name in names:
         print(f"{name:28s} {total[name, 'mpicoll']:8d} {total[name, 'mpi4py']:8d}")
+    why = collections.Counter()
+    for key, v in total.items():
+        if len(key) == 3:
+            why[key[2]] += v
+    print("handed to mpi4py, why (calls, all ranks):")
+    for reason, v in why.most_common():
+        print(f"  {v:8d}  {reason}")
     worst = max(everyone, key=lambda r: r["failed"])
     for test, tb in worst["failures"][:10]:
         print(f"FAIL {test}\n{tb}")
@@ -181,8 +188,9 @@ def main() -> int:
     ap.add_argument("--nprocs", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--dir", default=os.path.join(ROOT, "build", "mpi4py-tests"),
                     help="where the downloaded test files are kept")
-    ap.add_argument("--timeout", type=int, default=600, help="seconds per mpiexec run")
+    ap.add_argument("--timeout", type=int, default=1800, help="seconds per mpiexec run")
     ap.add_argument("--verbose", action="store_true", help="rank 0 names each test as it runs")
+    ap.add_argument("--plain", action="store_true", help="plain mpi4py communicators (the baseline)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--report", help=argparse.SUPPRESS)
     args = ap.parse_args()
