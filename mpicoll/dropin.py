@@ -9,13 +9,11 @@ shape of mpi4py's own ``demo/reductions``), so ``isinstance`` checks, ranks,
 ``Barrier``, point-to-point calls and the lowercase pickle methods are plain
 mpi4py, and ``Dup``/``Split``/``Create``... return ``Comm`` objects again.
 
-Overridden: ``Allreduce``, ``Iallreduce``, ``Reduce``, ``Reduce_scatter_block``,
-``Reduce_scatter``, ``Allgather``, ``Bcast``, and ``Scatter``, ``Scatterv``,
-``Gather``, ``Gatherv``, ``Allgatherv``, ``Alltoall``, ``Alltoallv`` (each with
-its ``I...`` and ``..._init`` forms; the v-forms take mpi4py's
-``[buf, (counts, displs), datatype]``, and packed displacements only: others
-go to mpi4py). They take exactly mpi4py's arguments, plus an optional
-``algorithm=`` keyword:
+Overridden: ``Allreduce``, ``Reduce``, ``Reduce_scatter_block``,
+``Reduce_scatter``, ``Allgather``, ``Bcast``, ``Scatter``, ``Scatterv``,
+``Gather``, ``Gatherv``, ``Allgatherv``, ``Alltoall``, ``Alltoallv``, each with
+its ``I...`` and ``..._init`` form. They take exactly mpi4py's arguments,
+plus an optional ``algorithm=`` keyword:
 
 * buffer specs as mpi4py parses them (``message_simple`` in mpi4py's
   msgbuffer.pxi): a bare buffer, ``[buf, datatype]``, ``[buf, count]``,
@@ -25,23 +23,35 @@ go to mpi4py). They take exactly mpi4py's arguments, plus an optional
   (split into ``size`` blocks where mpi4py does that), ``MPI.IN_PLACE``, a
   send buffer that *is* the receive buffer treated as in place, ``None``
   for the receive buffer of a non-root ``Reduce`` and for ``recvcounts``;
+* the v-forms' specs as mpi4py's ``message_vector`` parses them: counts and
+  displacements each a list or one int (``[buf, count]``; ``[buf, (count,
+  stride), datatype]`` puts block i at ``stride * i``), counts inferred from
+  a bare buffer as mpi4py spreads them;
+* any layout of one rank's own (displacements with gaps, a derived
+  datatype whose type signature is one predefined type repeated,
+  ``MPI.BOTTOM``): packed into a contiguous scratch on that rank
+  (specs.py), so the call still runs on mpicoll on every rank;
 * buffers: anything ``MPI.buffer`` accepts on the host (numpy, array.array,
-  bytearray, memoryview, any buffer-protocol object, DLPack producers).
+  bytearray, memoryview, any buffer-protocol object, DLPack producers, also
+  of dtypes numpy lacks: the format is read from the DLPack capsule).
   mpi4py's own ``MPI.buffer`` acquires them, so an unsupported, read-only or
   non-contiguous buffer fails with mpi4py's own exception.
 
 Falling back: a call mpicoll cannot serve goes to ``MPI.Intracomm``'s own
 method, so it behaves exactly as in plain mpi4py. The tests for that depend
-only on what every rank of a correct program agrees on (datatype, op, root,
-counts), never on rank-local facts, so all ranks take the same path:
+only on what every rank of a correct program agrees on (the type
+signature's predefined type, op, root), never on rank-local facts, so all
+ranks take the same path:
 
 * an op that is not a predefined ``MPI.Op`` with an mpicoll kernel for the
   datatype (user-defined ops, MAXLOC, REPLACE, LAND on floats...);
-* a derived datatype, or a predefined one without a kernel (complex, long
-  double, bool, ...; data-movement collectives accept every predefined
-  type), MPI.BYTE with an arithmetic op;
-* a root out of range (MPI's own error), a ``None``/``BOTTOM`` buffer with
-  a count, device (CUDA array interface / non-CPU DLPack) buffers.
+* a type signature of several predefined types, or a predefined type
+  without a kernel (complex, long double, bool, ...; data-movement
+  collectives accept every predefined type), MPI.BYTE with an arithmetic op;
+* a root out of range (MPI's own error), device (CUDA array interface /
+  non-CPU DLPack) buffers.
+
+``count_calls()`` counts the calls served and handed on, with the reason.
 
 ``Iallreduce`` returns an ``mpicoll.Request`` (``Wait()``/``Test()`` as in
 mpi4py, plus ``wait()``/``test()``), not an ``MPI.Request``: wait for several
@@ -51,8 +61,9 @@ with ``mpicoll.waitall(requests)`` (which also takes MPI requests), not with
 Errors: argument mistakes raise what mpi4py raises for them, with its
 messages (``ValueError("message: ...")``, ``KeyError`` for an unknown
 typecode, ``TypeError`` for a non-``MPI.Op``...), before any message is
-sent. One deliberate difference: an explicit count larger than the buffer,
-which mpi4py passes on to MPI unchecked, is a ValueError here.
+sent. One deliberate difference: an explicit count (or a v-form block, or
+a derived type's extent) reaching past the buffer, which mpi4py passes on to
+MPI unchecked, is a ValueError here.
 """
 from __future__ import annotations
 
