@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import operator
+import threading
 
 import numpy as np
 from mpi4py import MPI
@@ -202,6 +203,10 @@ def _buffer_format(o_buf) -> str:
 # ---- derived datatypes and MPI.BOTTOM: packed locally by MPI itself ----------------
 
 _SELF = None
+# One copy at a time: an unpack may run on the progress thread while the
+# program's thread packs the next call, and two Sendrecv on one
+# communicator with one tag could match each other's messages.
+_SELF_LOCK = threading.Lock()
 
 
 def _self_comm() -> MPI.Intracomm:
@@ -263,10 +268,12 @@ def _local_copy(o_buf, count, displ, datatype, basic, n, scratch):
     packed = [scratch, count * n, basic]
 
     def pack():
-        _self_comm().Sendrecv(spec, 0, 0, packed, 0, 0)
+        with _SELF_LOCK:
+            _self_comm().Sendrecv(spec, 0, 0, packed, 0, 0)
 
     def unpack():
-        _self_comm().Sendrecv(packed, 0, 0, spec, 0, 0)
+        with _SELF_LOCK:
+            _self_comm().Sendrecv(packed, 0, 0, spec, 0, 0)
 
     return pack, unpack
 
