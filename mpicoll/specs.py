@@ -223,6 +223,8 @@ def _basic_of(datatype: MPI.Datatype):
     type T (which mpicoll knows); _Native otherwise. A function of the
     signature alone, which MPI requires to match across ranks: every rank
     decides the same way."""
+    if datatype == MPI.DATATYPE_NULL:
+        raise _Native("MPI.DATATYPE_NULL")  # mpi4py's own error
     leaves, stack, made = {}, [datatype], []
     try:
         while stack:

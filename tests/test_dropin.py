@@ -287,6 +287,7 @@ def mistakes():
         ("Reduce_scatter", (x, y, "ab")),                     # counts not integers
         ("Iallreduce", (x, np.zeros(3))),
         ("Bcast", (5,)),
+        ("Allgatherv", (x, [np.zeros(4 * WORLD.size), None, [0] * WORLD.size, MPI.DATATYPE_NULL])),  # null type
     ]
 
 

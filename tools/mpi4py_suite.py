@@ -7,7 +7,8 @@ sdist, unpacked into --dir; nothing of it is kept in this repository), then
 runs, for each process count, ``mpiexec -n N python -m mpi4py`` on this
 script in worker mode: it imports mpi4py's test modules (FILES), makes every
 test's ``self.COMM`` an ``mpicoll.Comm`` over the communicator the test
-chose (``MPI.COMM_WORLD``, ``COMM_SELF`` or their duplicates), runs them
+chose (``MPI.COMM_WORLD``, ``COMM_SELF`` or their duplicates), adds
+test_msgspec's vector-spec tests (on an ``mpicoll.Comm`` of COMM_SELF), runs them
 with unittest and prints, per process count, the pass/fail/skip counts and
 which mpi4py methods ``mpicoll.Comm`` served and which it handed to mpi4py
 (``mpicoll.dropin.count_calls``). Exit status 1 on any failure or timeout.
@@ -31,7 +32,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 # The buffer collectives: blocking, nonblocking, persistent; block and vector forms.
 FILES = ["test_cco_buf", "test_cco_vec", "test_cco_nb_buf", "test_cco_nb_vec", "test_cco_pr_buf",
-         "test_cco_pr_vec"]
+         "test_cco_pr_vec", "test_msgspec"]
+# test_msgspec's vector-spec classes: mpi4py's message_vector rules, on
+# COMM_SELF.Alltoallv (the module's own helper, pointed at an mpicoll.Comm).
+MSGSPEC = "test_msgspec"
+MSGSPEC_CLASSES = ("TestMessageVector", "TestMessageVectorArray", "TestMessageVectorNumPy")
 # Tests mpicoll.Comm cannot pass by design, with the reason: (module, class, test).
 SKIP = {}
 
@@ -115,10 +120,15 @@ def _suite(testdir: str, mpicoll, MPI, plain: bool):
         if not os.path.exists(os.path.join(testdir, name + ".py")):
             continue  # not in this mpi4py version
         mod = __import__(name)
+        if name == MSGSPEC and not plain:
+            self_comm = mpicoll.Comm(MPI.COMM_SELF)
+            mod.Alltoallv = lambda smsg, rmsg: self_comm.Alltoallv(smsg, rmsg)
         for obj in list(vars(mod).values()):
             if isinstance(obj, type) and issubclass(obj, unittest.TestCase) and hasattr(obj, "COMM") and not plain:
                 _wrap_comm(obj, mpicoll, MPI)
         for test in _flatten(loader.loadTestsFromModule(mod)):
+            if name == MSGSPEC and type(test).__name__ not in MSGSPEC_CLASSES:
+                continue
             cls = type(test)
             reason = SKIP.get((name, cls.__name__, test._testMethodName))
             if reason is not None:
