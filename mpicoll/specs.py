@@ -13,6 +13,7 @@ contiguous scratch on that rank (``_Msg.pack``/``unpack``)."""
 from __future__ import annotations
 
 import ctypes
+import itertools
 import operator
 import threading
 
@@ -356,7 +357,6 @@ def parse(msg, writable: bool, blocks: int = 0) -> _Msg:
         size, dt = _type_info(basic)
     else:
         size, dt = _type_info(datatype)
-    extent = size if not derived else None
 
     length = raw.size
     displ = 0
@@ -452,8 +452,9 @@ def parse_v(msg, writable: bool, blocks: int) -> _Msg:
         counts = [_index(o_counts)] * blocks
     else:
         counts = _int_list(o_counts, blocks)
+    packed = [0, *itertools.accumulate(counts)][:blocks]  # each block's entry in the packed layout
     if o_displs is None:
-        displs = [sum(counts[:i]) for i in range(blocks)]
+        displs = packed
     elif _is_index(o_displs):
         d = _index(o_displs)
         displs = [d * i for i in range(blocks)]
@@ -467,7 +468,6 @@ def parse_v(msg, writable: bool, blocks: int) -> _Msg:
     item = n * size  # bytes of one entry, packed
     bcounts = [c * item for c in counts]
     total = sum(bcounts)
-    packed = [sum(counts[:i]) for i in range(blocks)]
     if not derived:
         for i, (c, d) in enumerate(zip(counts, displs)):
             if c and (d < 0 or (d + c) * size > raw.size):
