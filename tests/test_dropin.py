@@ -536,6 +536,8 @@ def run_modes(base, build, *, comm_, served=True):
 def test_vector_forms_take_dlpack_of_a_dtype_numpy_lacks(comm):
     """A DLPack producer of bfloat16 (numpy has no such dtype): mpi4py moves
     it as bytes, and so does mpicoll.Comm, without asking numpy."""
+    if comm.size > 4:
+        pytest.skip("torch is imported at p <= 4 only (at more ranks than 2 CI cores it only adds time)")
     torch = pytest.importorskip("torch")
     p, rank, n = comm.size, comm.rank, 4
 
