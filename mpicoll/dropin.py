@@ -49,7 +49,8 @@ ranks take the same path:
   without a kernel (complex, long double, bool, ...; data-movement
   collectives accept every predefined type), MPI.BYTE with an arithmetic op;
 * a root out of range (MPI's own error), device (CUDA array interface /
-  non-CPU DLPack) buffers.
+  non-CPU DLPack) buffers: the one rank-local fact, so device memory on
+  some ranks and host memory on others in one call is not supported.
 
 ``count_calls()`` counts the calls served and handed on, with the reason.
 
