@@ -82,6 +82,18 @@ def bcast_derived_on_root(root=0):
     return "Bcast", build
 
 
+def bcast_bottom_on_root(root=P - 1):
+    """The root names its buffer by absolute address ([MPI.BOTTOM, 1, struct]),
+    the others pass 4 DOUBLEs."""
+    def build():
+        b = values(4, root) if RANK == root else np.full(4, -1.0)
+        if RANK != root:
+            return ([b, 4, MPI.DOUBLE], root), b
+        t = MPI.Datatype.Create_struct([4], [MPI.Get_address(b)], [MPI.DOUBLE]).Commit()
+        return ([MPI.BOTTOM, 1, t], root), b
+    return "Bcast", build
+
+
 def gather_strided_derived_on_root(root=0):
     """The root receives each block through a vector type (every other double), the others send DOUBLEs."""
     every_other = MPI.DOUBLE.Create_vector(N, 1, 2).Commit()
@@ -150,7 +162,8 @@ def alltoallv_strided_recv():
 
 
 CASES = {f.__name__: f for f in (scatterv_displs, gatherv_displs, allgatherv_strided, alltoallv_one_rank_gapped,
-                                 bcast_derived_on_root, gather_strided_derived_on_root, allgatherv_count,
+                                 bcast_derived_on_root, bcast_bottom_on_root, gather_strided_derived_on_root,
+                                 allgatherv_count,
                                  allgatherv_bare_uneven, allgatherv_four_items, gatherv_count, gatherv_strided,
                                  scatterv_bare_uneven, alltoallv_strided_recv)}
 
