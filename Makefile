@@ -283,3 +283,13 @@ test-large: $(STAMP)
 # its deadline (tests/test_timeout.py; the default suite runs a subset).
 test-timeout: $(STAMP)
 	MPICOLL_TIMEOUT_MATRIX=full $(PY) -m pytest -q -rA tests/test_timeout.py
+
+# mpi4py's own collective tests (test_cco_{buf,vec}, their nonblocking and
+# persistent siblings) through mpicoll.Comm at each MPI4PY_SUITE_NPROCS,
+# with a table of the calls mpicoll served and those it handed to mpi4py
+# (and why). The test files of the installed mpi4py version come from its
+# sdist on PyPI, into build/mpi4py-tests (tools/mpi4py_suite.py).
+.PHONY: test-mpi4py-suite
+MPI4PY_SUITE_NPROCS ?= 1 2 3
+test-mpi4py-suite: $(STAMP)
+	$(PY) tools/mpi4py_suite.py --nprocs $(MPI4PY_SUITE_NPROCS)

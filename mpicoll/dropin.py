@@ -9,13 +9,11 @@ shape of mpi4py's own ``demo/reductions``), so ``isinstance`` checks, ranks,
 ``Barrier``, point-to-point calls and the lowercase pickle methods are plain
 mpi4py, and ``Dup``/``Split``/``Create``... return ``Comm`` objects again.
 
-Overridden: ``Allreduce``, ``Iallreduce``, ``Reduce``, ``Reduce_scatter_block``,
-``Reduce_scatter``, ``Allgather``, ``Bcast``, and ``Scatter``, ``Scatterv``,
-``Gather``, ``Gatherv``, ``Allgatherv``, ``Alltoall``, ``Alltoallv`` (each with
-its ``I...`` and ``..._init`` forms; the v-forms take mpi4py's
-``[buf, (counts, displs), datatype]``, and packed displacements only: others
-go to mpi4py). They take exactly mpi4py's arguments, plus an optional
-``algorithm=`` keyword:
+Overridden: ``Allreduce``, ``Reduce``, ``Reduce_scatter_block``,
+``Reduce_scatter``, ``Allgather``, ``Bcast``, ``Scatter``, ``Scatterv``,
+``Gather``, ``Gatherv``, ``Allgatherv``, ``Alltoall``, ``Alltoallv``, each with
+its ``I...`` and ``..._init`` form. They take exactly mpi4py's arguments,
+plus an optional ``algorithm=`` keyword:
 
 * buffer specs as mpi4py parses them (``message_simple`` in mpi4py's
   msgbuffer.pxi): a bare buffer, ``[buf, datatype]``, ``[buf, count]``,
@@ -25,23 +23,36 @@ go to mpi4py). They take exactly mpi4py's arguments, plus an optional
   (split into ``size`` blocks where mpi4py does that), ``MPI.IN_PLACE``, a
   send buffer that *is* the receive buffer treated as in place, ``None``
   for the receive buffer of a non-root ``Reduce`` and for ``recvcounts``;
+* the v-forms' specs as mpi4py's ``message_vector`` parses them: counts and
+  displacements each a list or one int (``[buf, count]``; ``[buf, (count,
+  stride), datatype]`` puts block i at ``stride * i``), counts inferred from
+  a bare buffer as mpi4py spreads them;
+* any layout of one rank's own (displacements with gaps, a derived
+  datatype whose type signature is one predefined type repeated,
+  ``MPI.BOTTOM``): packed into a contiguous scratch on that rank
+  (specs.py), so the call still runs on mpicoll on every rank;
 * buffers: anything ``MPI.buffer`` accepts on the host (numpy, array.array,
-  bytearray, memoryview, any buffer-protocol object, DLPack producers).
+  bytearray, memoryview, any buffer-protocol object, DLPack producers, also
+  of dtypes numpy lacks: the format is read from the DLPack capsule).
   mpi4py's own ``MPI.buffer`` acquires them, so an unsupported, read-only or
   non-contiguous buffer fails with mpi4py's own exception.
 
 Falling back: a call mpicoll cannot serve goes to ``MPI.Intracomm``'s own
 method, so it behaves exactly as in plain mpi4py. The tests for that depend
-only on what every rank of a correct program agrees on (datatype, op, root,
-counts), never on rank-local facts, so all ranks take the same path:
+only on what every rank of a correct program agrees on (the type
+signature's predefined type, op, root), never on rank-local facts, so all
+ranks take the same path:
 
 * an op that is not a predefined ``MPI.Op`` with an mpicoll kernel for the
   datatype (user-defined ops, MAXLOC, REPLACE, LAND on floats...);
-* a derived datatype, or a predefined one without a kernel (complex, long
-  double, bool, ...; data-movement collectives accept every predefined
-  type), MPI.BYTE with an arithmetic op;
-* a root out of range (MPI's own error), a ``None``/``BOTTOM`` buffer with
-  a count, device (CUDA array interface / non-CPU DLPack) buffers.
+* a type signature of several predefined types, or a predefined type
+  without a kernel (complex, long double, bool, ...; data-movement
+  collectives accept every predefined type), MPI.BYTE with an arithmetic op;
+* a root out of range (MPI's own error), device (CUDA array interface /
+  non-CPU DLPack) buffers: the one rank-local fact, so device memory on
+  some ranks and host memory on others in one call is not supported.
+
+``count_calls()`` counts the calls served and handed on, with the reason.
 
 ``Iallreduce`` returns an ``mpicoll.Request`` (``Wait()``/``Test()`` as in
 mpi4py, plus ``wait()``/``test()``), not an ``MPI.Request``: wait for several
@@ -51,11 +62,13 @@ with ``mpicoll.waitall(requests)`` (which also takes MPI requests), not with
 Errors: argument mistakes raise what mpi4py raises for them, with its
 messages (``ValueError("message: ...")``, ``KeyError`` for an unknown
 typecode, ``TypeError`` for a non-``MPI.Op``...), before any message is
-sent. One deliberate difference: an explicit count larger than the buffer,
-which mpi4py passes on to MPI unchecked, is a ValueError here.
+sent. One deliberate difference: an explicit count (or a v-form block, or
+a derived type's extent) reaching past the buffer, which mpi4py passes on to
+MPI unchecked, is a ValueError here.
 """
 from __future__ import annotations
 
+import collections
 import time
 
 import numpy as np
@@ -68,25 +81,104 @@ from . import api as _api
 from .comm import state, wait_until
 # Buffer-spec parsing (specs.py) and the MPI type tables (typemap.py) live
 # in their own modules; this one holds the Comm class and its fast path.
-from .specs import _check_pair, _format_type, _in_place, _in_place_arg, _index, _is_datatype, parse
+from .specs import _check_pair, _format_type, _in_place, _in_place_arg, _index, parse, parse_v
 from .typemap import Native as _Native, kernel_dtype as _kernel_dtype, type_info as _type_info
 
-__all__ = ["Comm"]
+__all__ = ["Comm", "count_calls"]
 
 
 def _check_algorithm(collective: str, algorithm) -> None:
     _plan.requested(collective, algorithm, _plan.env_settings()[0])
 
 
-def _go(mode: str, build, *args, **kw):
-    """Run a plan builder in one of the three modes: "run" (blocking; the
-    drop-in returns None like mpi4py), "start" (a Request) or "init" (a
-    persistent request)."""
+# ---- which calls mpicoll served (counting is off unless asked for) ------------------
+
+_calls = None
+
+
+def count_calls(enable: bool = True):
+    """Count, per mpi4py method name, the calls ``mpicoll.Comm`` served
+    (key ``(name, "mpicoll")``) and those it handed to mpi4py
+    (``(name, "mpi4py")``, and ``(name, "mpi4py", reason)`` per reason).
+    ``count_calls()`` starts a fresh count and
+    returns its ``collections.Counter``, which fills as calls are made;
+    ``count_calls(False)`` stops counting and returns the last one."""
+    global _calls
+    if enable:
+        _calls = collections.Counter()
+        return _calls
+    last, _calls = _calls, None
+    return last
+
+
+def _method(base: str, mode: str) -> str:
+    """mpi4py's name of collective ``base`` in a mode: Scatterv, Iscatterv, Scatterv_init."""
     if mode == "run":
-        build(*args, **kw).run()
+        return base
+    if mode == "start":
+        return "I" + base[0].lower() + base[1:]
+    return base + "_init"
+
+
+def _served(base: str, mode: str) -> None:
+    if _calls is not None:
+        _calls[_method(base, mode), "mpicoll"] += 1
+
+
+def _attach(plan, pre, post) -> None:
+    """Run the local packing of the user's layouts (specs._Msg.pack) before
+    the plan's own prologue at every start, and the unpacking after its
+    finish at every completion (blocking, nonblocking and persistent)."""
+    pre = [f for f in pre if f is not None]
+    post = [f for f in post if f is not None]
+    if pre:
+        before = plan.prologue
+
+        def prologue():
+            for f in pre:
+                f()
+            if before is not None:
+                before()
+
+        plan.prologue = prologue
+    if post:
+        after = plan.finish
+
+        def finish():
+            if after is not None:
+                after()
+            for f in post:
+                f()
+
+        plan.finish = finish
+
+
+def _go(base: str, mode: str, build, *args, pre=(), post=(), **kw):
+    """Build the plan of collective ``base`` and run it in one of the three
+    modes: "run" (blocking; the drop-in returns None like mpi4py), "start"
+    (a Request) or "init" (a persistent request)."""
+    _served(base, mode)
+    plan = build(*args, **kw) if mode == "run" else build(*args, nonblocking=True, **kw)
+    _attach(plan, pre, post)
+    if mode == "run":
+        plan.run()
         return None
-    p = build(*args, nonblocking=True, **kw)
-    return p.start() if mode == "start" else _plan.Persistent(p)
+    return plan.start() if mode == "start" else _plan.Persistent(plan)
+
+
+def _sending(s, r, in_place: bool):
+    """The packing a call's input needs: the receive buffer's in place."""
+    return (r.pack if in_place else s.pack,)
+
+
+def _mismatch(what: str, got: int, want: int):
+    return ValueError(f"mismatch in {what}: {got} bytes, the receive side expects {want}")
+
+
+def _root_arg(root, size: int) -> bool:
+    """A root mpicoll can take; else mpi4py's TypeError or MPI's own
+    invalid-root error, which every rank raises alike."""
+    return isinstance(root, (int, np.integer)) and not isinstance(root, bool) and 0 <= root < size
 
 
 # ---- the fast path: plain C-contiguous numpy arrays ------------------------------
@@ -147,6 +239,7 @@ def _fast_allreduce(sendbuf, recvbuf, op):
 _recent = {}
 
 
+
 class Comm(MPI.Intracomm):
     """An mpi4py ``Intracomm`` (same MPI handle) whose buffer collectives
     run on mpicoll. See the module docstring for what is accepted."""
@@ -172,6 +265,16 @@ class Comm(MPI.Intracomm):
     def Create_group(self, group, tag=0):  # noqa: N802
         return type(self)(super().Create_group(group, tag))
 
+    def _native(self, why, base: str, mode: str, args: tuple, info):
+        """mpi4py's own method of the same collective and mode (``why``: the
+        _Native raised, whose text says what mpicoll cannot serve)."""
+        name = _method(base, mode)
+        if _calls is not None:
+            _calls[name, "mpi4py"] += 1
+            _calls[name, "mpi4py", str(why) or "unspecified"] += 1
+        fn = getattr(super(), name)
+        return fn(*args, info) if mode == "init" else fn(*args)
+
     # -- reductions --
     # Each collective is one method _x(..., mode) that parses mpi4py's
     # arguments and builds the plan; Allreduce/Iallreduce/Allreduce_init are
@@ -186,6 +289,8 @@ class Comm(MPI.Intracomm):
         if e is not None and e[0] is sendbuf and e[1] is op and e[2] is recvbuf:
             c = _api._cache.get(id(e[3]))
             if c is not None and _api.short(c, e[3], e[4], e[5], self, algorithm) is not None:
+                if _calls is not None:
+                    _served("Allreduce", "run")
                 return None
         return self._allreduce(sendbuf, recvbuf, op, algorithm, "run")
 
@@ -205,40 +310,31 @@ class Comm(MPI.Intracomm):
         if fast is not None:  # plain numpy arrays: the common case, without the general parsing
             x, out, name = fast
             if mode == "run":
+                _served("Allreduce", mode)
                 _api.allreduce(x, name, comm=self, out=out, algorithm=algorithm)
                 if x.nbytes <= _api.CACHE_MAX_BYTES:
                     if len(_recent) >= _api.CACHE_SIZE:
                         _recent.clear()
                     _recent[id(recvbuf)] = (sendbuf, op, recvbuf, x, out, name)
                 return None
-            return _go(mode, _plan.allreduce, x, name, comm=self, out=out, algorithm=algorithm)
+            return _go("Allreduce", mode, _plan.allreduce, x, name, comm=self, out=out, algorithm=algorithm)
         try:
-            plan = self._allreduce_plan(sendbuf, recvbuf, op)
-        except _Native:
-            if mode == "run":
-                return super().Allreduce(sendbuf, recvbuf, op)
-            if mode == "start":
-                return super().Iallreduce(sendbuf, recvbuf, op)
-            return super().Allreduce_init(sendbuf, recvbuf, op, info)
-        flat, src, dt, o = plan
-        return _go(mode, _plan.allreduce, flat if src is None else src, o, comm=self, out=flat, algorithm=algorithm,
-                   dtype=dt.name)
-
-    def _allreduce_plan(self, sendbuf, recvbuf, op):
-        if not isinstance(op, MPI.Op):
-            raise _Native
-        r = parse(recvbuf, writable=True)
-        dt, o = _kernel_dtype(r.datatype, op)
-        src = None
-        if not _in_place_arg(sendbuf):
-            s = parse(sendbuf, writable=False)
-            _check_pair(s, r)
-            if not _in_place(s, r):
-                src = s.data()
+            if not isinstance(op, MPI.Op):
+                raise _Native("op is not an MPI.Op")
+            r = parse(recvbuf, writable=True)
+            dt, o = _kernel_dtype(r.datatype, op)
+            s, in_place = None, True
+            if not _in_place_arg(sendbuf):
+                s = parse(sendbuf, writable=False)
+                _check_pair(s, r)
+                in_place = _in_place(s, r)
+        except _Native as why:
+            return self._native(why, "Allreduce", mode, (sendbuf, recvbuf, op), info)
         r.dtype = dt
-        if src is not None:
-            src = src.view(dt.storage)
-        return r.data(), src, dt, o
+        flat = r.data()
+        src = None if in_place else s.raw[:s.nbytes].view(dt.storage)
+        return _go("Allreduce", mode, _plan.allreduce, flat if src is None else src, o, comm=self, out=flat,
+                   algorithm=algorithm, dtype=dt.name, pre=_sending(s, r, in_place), post=(r.unpack,))
 
     def Reduce(self, sendbuf, recvbuf, op=MPI.SUM, root=0, *, algorithm="auto"):  # noqa: N802
         return self._reduce(sendbuf, recvbuf, op, root, algorithm, "run")
@@ -251,33 +347,28 @@ class Comm(MPI.Intracomm):
 
     def _reduce(self, sendbuf, recvbuf, op, root, algorithm, mode, info=MPI.INFO_NULL):
         try:
-            if not isinstance(op, MPI.Op) or not isinstance(root, (int, np.integer)) or isinstance(root, bool):
-                raise _Native  # mpi4py's TypeError
-            if not 0 <= root < self.Get_size():
-                raise _Native  # MPI's own invalid-root error
-            is_root = self.Get_rank() == root
-            if is_root:
+            if not isinstance(op, MPI.Op) or not _root_arg(root, self.Get_size()):
+                raise _Native("op or root mpi4py or MPI refuses")
+            if self.Get_rank() == root:
                 r = parse(recvbuf, writable=True)
                 dt, o = _kernel_dtype(r.datatype, op)
-                r.dtype = dt
-                out = r.data()
-                x = out
+                s, in_place = None, True
                 if not _in_place_arg(sendbuf):
                     s = parse(sendbuf, writable=False)
                     _check_pair(s, r)
-                    if not _in_place(s, r):
-                        x = s.raw[:s.nbytes].view(dt.storage)
+                    in_place = _in_place(s, r)
+                pre, post = _sending(s, r, in_place), (r.unpack,)
+                r.dtype = dt
+                out = r.data()
+                x = out if in_place else s.raw[:s.nbytes].view(dt.storage)
             else:  # mpi4py ignores a non-root recvbuf entirely
                 s = parse(sendbuf, writable=False)
                 dt, o = _kernel_dtype(s.datatype, op)
-                x, out = s.raw[:s.nbytes].view(dt.storage), None
-        except _Native:
-            if mode == "run":
-                return super().Reduce(sendbuf, recvbuf, op, root)
-            if mode == "start":
-                return super().Ireduce(sendbuf, recvbuf, op, root)
-            return super().Reduce_init(sendbuf, recvbuf, op, root, info)
-        return _go(mode, _plan.reduce, x, o, root, comm=self, out=out, algorithm=algorithm, dtype=dt.name)
+                x, out, pre, post = s.raw[:s.nbytes].view(dt.storage), None, (s.pack,), ()
+        except _Native as why:
+            return self._native(why, "Reduce", mode, (sendbuf, recvbuf, op, root), info)
+        return _go("Reduce", mode, _plan.reduce, x, o, root, comm=self, out=out, algorithm=algorithm, dtype=dt.name,
+                   pre=pre, post=post)
 
     def Reduce_scatter_block(self, sendbuf, recvbuf, op=MPI.SUM, *, algorithm="auto"):  # noqa: N802
         return self._reduce_scatter_block(sendbuf, recvbuf, op, algorithm, "run")
@@ -292,7 +383,7 @@ class Comm(MPI.Intracomm):
     def _reduce_scatter_block(self, sendbuf, recvbuf, op, algorithm, mode, info=MPI.INFO_NULL):
         try:
             if not isinstance(op, MPI.Op):
-                raise _Native
+                raise _Native("op is not an MPI.Op")
             p = self.Get_size()
             if _in_place_arg(sendbuf):
                 r = parse(recvbuf, writable=True, blocks=p)
@@ -300,6 +391,7 @@ class Comm(MPI.Intracomm):
                 r.dtype = dt
                 x = r.raw[:r.nbytes * p].view(dt.storage)
                 out = x[:r.count]
+                pre = (r.pack,)
             else:
                 r = parse(recvbuf, writable=True)
                 s = parse(sendbuf, writable=False, blocks=p)
@@ -308,25 +400,32 @@ class Comm(MPI.Intracomm):
                 r.dtype = dt
                 out = r.data()
                 x = s.raw[:s.nbytes * p].view(dt.storage)
+                pre = (s.pack,)
                 if out.nbytes and np.may_share_memory(x, out):
                     # mpi4py's "same address is in place" rule: the whole send
                     # buffer starting at the receive buffer.
                     if s.address != r.address:
                         raise ValueError("mpicoll: send and receive buffers partially overlap")
                     out = x[:r.count]
-        except _Native:
-            if mode == "run":
-                return super().Reduce_scatter_block(sendbuf, recvbuf, op)
-            if mode == "start":
-                return super().Ireduce_scatter_block(sendbuf, recvbuf, op)
-            return super().Reduce_scatter_block_init(sendbuf, recvbuf, op, info)
-        return _go(mode, _plan.reduce_scatter, x, o, comm=self, counts=[r.count] * p, out=out, algorithm=algorithm,
-                   dtype=dt.name)
+        except _Native as why:
+            return self._native(why, "Reduce_scatter_block", mode, (sendbuf, recvbuf, op), info)
+        return _go("Reduce_scatter_block", mode, _plan.reduce_scatter, x, o, comm=self, counts=[r.count] * p, out=out,
+                   algorithm=algorithm, dtype=dt.name, pre=pre, post=(r.unpack,))
 
     def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM, *, algorithm="auto"):  # noqa: N802
+        return self._reduce_scatter(sendbuf, recvbuf, recvcounts, op, algorithm, "run")
+
+    def Ireduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM, *, algorithm="auto"):  # noqa: N802
+        return self._reduce_scatter(sendbuf, recvbuf, recvcounts, op, algorithm, "start")
+
+    def Reduce_scatter_init(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM, info=MPI.INFO_NULL, *,  # noqa: N802
+                            algorithm="auto"):
+        return self._reduce_scatter(sendbuf, recvbuf, recvcounts, op, algorithm, "init", info)
+
+    def _reduce_scatter(self, sendbuf, recvbuf, recvcounts, op, algorithm, mode, info=MPI.INFO_NULL):
         try:
             if not isinstance(op, MPI.Op):
-                raise _Native
+                raise _Native("op is not an MPI.Op")
             p, rank = self.Get_size(), self.Get_rank()
             r = parse(recvbuf, writable=True)
             in_place = _in_place_arg(sendbuf)
@@ -334,7 +433,7 @@ class Comm(MPI.Intracomm):
             if s is not None and s.nbytes and r.nbytes and s.address == r.address:
                 in_place = True
             dt, o = _kernel_dtype(r.datatype, op)
-            if s is not None and not in_place and s.datatype != r.datatype:
+            if s is not None and not in_place and s.spec[0] != r.spec[0]:
                 raise ValueError("mismatch in send and receive MPI datatypes")
             if recvcounts is None and not in_place:
                 # Every local check that needs no counts comes first: the
@@ -350,6 +449,8 @@ class Comm(MPI.Intracomm):
                     raise TypeError(f"'{type(recvcounts).__name__}' object cannot be interpreted as an integer")
                 if len(counts) != p:
                     raise ValueError(f"expecting {p} items, got {len(counts)}")
+                # recvcounts count entries of the receive datatype: in entries of its predefined type
+                counts = [c * r.per for c in counts]
             total = sum(counts)
             if not in_place:
                 if s.count != total:
@@ -359,7 +460,7 @@ class Comm(MPI.Intracomm):
             elif r.count != total:
                 raise ValueError(f"mismatch in receive count {r.count} and sum(counts) {total}")
             if any(c < 0 for c in counts):
-                raise _Native  # MPI's error
+                raise ValueError(f"negative count in recvcounts {counts}")
             r.dtype = dt
             if in_place:
                 x = r.data()
@@ -369,10 +470,11 @@ class Comm(MPI.Intracomm):
                 out = r.data()
                 if out.nbytes and x.nbytes and np.may_share_memory(x, out):
                     raise ValueError("mpicoll: send and receive buffers partially overlap")
-        except _Native:
-            return super().Reduce_scatter(sendbuf, recvbuf, recvcounts, op)
+        except _Native as why:
+            return self._native(why, "Reduce_scatter", mode, (sendbuf, recvbuf, recvcounts, op), info)
         _check_algorithm("reduce_scatter", algorithm)
-        _plan.reduce_scatter(x, o, comm=self, counts=counts, out=out, algorithm=algorithm, dtype=dt.name).run()
+        return _go("Reduce_scatter", mode, _plan.reduce_scatter, x, o, comm=self, counts=counts, out=out,
+                   algorithm=algorithm, dtype=dt.name, pre=_sending(s, r, in_place), post=(r.unpack,))
 
     # -- data movement (any predefined datatype: nothing is reduced) --
     def Bcast(self, buf, root=0, *, algorithm="auto"):  # noqa: N802
@@ -386,22 +488,17 @@ class Comm(MPI.Intracomm):
 
     def _bcast(self, buf, root, algorithm, mode, info=MPI.INFO_NULL):
         try:
-            if not isinstance(root, (int, np.integer)) or isinstance(root, bool):
-                raise _Native
-            if not 0 <= root < self.Get_size():
-                raise _Native
+            if not _root_arg(root, self.Get_size()):
+                raise _Native("a root mpi4py or MPI refuses")
             is_root = self.Get_rank() == root
             m = parse(buf, writable=not is_root)
             data = m.raw[:m.nbytes]
             if is_root and not data.flags.writeable:
                 data = data.copy()  # root only sends, but mpicoll.bcast wants a writable buffer
-        except _Native:
-            if mode == "run":
-                return super().Bcast(buf, root)
-            if mode == "start":
-                return super().Ibcast(buf, root)
-            return super().Bcast_init(buf, root, info)
-        return _go(mode, _plan.bcast, data, root, comm=self, algorithm=algorithm)
+        except _Native as why:
+            return self._native(why, "Bcast", mode, (buf, root), info)
+        return _go("Bcast", mode, _plan.bcast, data, root, comm=self, algorithm=algorithm,
+                   pre=(m.pack,) if is_root else (), post=() if is_root else (m.unpack,))
 
     def Allgather(self, sendbuf, recvbuf, *, algorithm="auto"):  # noqa: N802
         return self._allgather(sendbuf, recvbuf, algorithm, "run")
@@ -418,84 +515,31 @@ class Comm(MPI.Intracomm):
             r = parse(recvbuf, writable=True, blocks=p)
             block = r.nbytes
             flat = r.raw[:block * p]
-            mine, in_place = None, True
+            mine, in_place, s = None, True, None
             if not _in_place_arg(sendbuf):
                 s = parse(sendbuf, writable=False)
                 if s.nbytes != block:
-                    raise _Native  # a type-signature mismatch: MPI's error to report
+                    raise _mismatch("send size", s.nbytes, block)
                 mine = s.raw[:s.nbytes]
                 if block and np.may_share_memory(mine, flat):
                     if mine.ctypes.data != flat[rank * block:].ctypes.data:
                         raise ValueError("mpicoll: send buffer overlaps the receive buffer")
                 else:
                     in_place = False
-        except _Native:
-            if mode == "run":
-                return super().Allgather(sendbuf, recvbuf)
-            if mode == "start":
-                return super().Iallgather(sendbuf, recvbuf)
-            return super().Allgather_init(sendbuf, recvbuf, info)
-        name, entry, knobs, check_on, timeout = _plan.options("allgather", algorithm, None, None, None)
-        plan = _plan.allgather_bytes(self, flat, mine, rank, p, name, entry, knobs, check_on, timeout, None,
-                                     dict(count=block, dtype="bytes"), mode != "run", in_place=in_place)
-        if mode == "run":
-            plan.run()
-            return None
-        return plan.start() if mode == "start" else _plan.Persistent(plan)
+        except _Native as why:
+            return self._native(why, "Allgather", mode, (sendbuf, recvbuf), info)
+        return _go("Allgather", mode, _allgather_plan, self, flat, mine, rank, p, algorithm, in_place, block,
+                   pre=_sending(s, r, in_place), post=(r.unpack,))
+
+
+def _allgather_plan(comm, flat, mine, rank, p, algorithm, in_place, block, nonblocking=False):
+    name, entry, knobs, check_on, timeout = _plan.options("allgather", algorithm, None, None, None)
+    return _plan.allgather_bytes(comm, flat, mine, rank, p, name, entry, knobs, check_on, timeout, None,
+                                 dict(count=block, dtype="bytes"), nonblocking, in_place=in_place)
 
 
 # ---- scatter, gather, allgatherv, alltoall, alltoallv ----------------------------
 # Added to Comm below (one method per collective and mode, like the others).
-
-def _parse_v(msg, writable: bool, p: int):
-    """mpi4py's vector spec (``message_vector``): buf, [buf, datatype],
-    [buf, counts], [buf, (counts, displs)], [buf, counts, datatype],
-    [buf, (counts, displs), datatype], [buf, counts, displs, datatype].
-    Returns (uint8 bytes from the first entry, counts in bytes); _Native
-    for displacements that are not the packed prefix sums (MPI can follow
-    those, mpicoll's plans move packed blocks)."""
-    o_buf, o_counts, o_displs, o_type = msg, None, None, None
-    if isinstance(msg, (list, tuple)):
-        n = len(msg)
-        if n == 2:
-            o_buf, o_counts = msg
-            if _is_datatype(o_counts):
-                o_counts, o_type = None, o_counts
-        elif n == 3:
-            o_buf, o_counts, o_type = msg
-        elif n == 4:
-            o_buf, o_counts, o_displs, o_type = msg
-        else:
-            raise ValueError("message: expecting 2 to 4 items")
-        if isinstance(o_counts, tuple) and len(o_counts) == 2 and not isinstance(o_counts[0], (int, np.integer)):
-            o_counts, o_displs = o_counts
-    m = parse(o_buf if o_type is None else [o_buf, o_type], writable)
-    size = m.itemsize
-    entries = m.raw.size // size if size else 0
-    if o_counts is None:
-        if p and entries % p:
-            raise ValueError(f"message: cannot infer count, number of entries {entries} is not a multiple of "
-                             f"required number of blocks {p}")
-        counts = [entries // p] * p
-    elif isinstance(o_counts, (int, np.integer)):
-        counts = [_index(o_counts)] * p
-    else:
-        counts = [_index(c) for c in o_counts]
-        if len(counts) != p:
-            raise ValueError(f"expecting {p} items, got {len(counts)}")
-    if any(c < 0 for c in counts):
-        raise _Native
-    if o_displs is not None:
-        displs = [_index(d) for d in (o_displs if not isinstance(o_displs, (int, np.integer)) else
-                                      [_index(o_displs) * i for i in range(p)])]
-        packed = [sum(counts[:i]) for i in range(p)]
-        if displs != packed:
-            raise _Native
-    total = sum(counts) * size
-    if total > m.raw.size:
-        raise ValueError(f"message: counts need {total} bytes, the buffer has {m.raw.size}")
-    return m.raw[:total], [c * size for c in counts], m
-
 
 def _family_name(collective: str, algorithm) -> str:
     return _plan.requested(collective, algorithm, _plan.env_settings()[0])
@@ -505,14 +549,6 @@ class _FamilyMethods:
     """Scatter(v), Gather(v), Allgatherv, Alltoall(v) for Comm: mpi4py's
     arguments, each in the three modes; what mpicoll cannot serve goes to
     mpi4py's own method of the same mode."""
-
-    def _family_native(self, name, mode, args, info):
-        base = super(Comm, self)
-        if mode == "run":
-            return getattr(base, name)(*args)
-        if mode == "start":
-            return getattr(base, "I" + name.lower())(*args)
-        return getattr(base, name + "_init")(*args, info)
 
     # -- scatter / scatterv --
     def Scatter(self, sendbuf, recvbuf, root=0, *, algorithm="auto"):  # noqa: N802
@@ -557,19 +593,24 @@ class _FamilyMethods:
     def _scatter(self, which, sendbuf, recvbuf, root, algorithm, mode, info=MPI.INFO_NULL):
         v = which == "Scatterv"
         try:
-            if not isinstance(root, (int, np.integer)) or isinstance(root, bool) or not 0 <= root < self.Get_size():
-                raise _Native
+            if not _root_arg(root, self.Get_size()):
+                raise _Native("a root mpi4py or MPI refuses")
             p, rank = self.Get_size(), self.Get_rank()
             is_root = rank == root
             r = None if is_root and _in_place_arg(recvbuf) else parse(recvbuf, writable=True)
+            pre = ()
+            post = () if r is None else (r.unpack,)
             if is_root:
                 if v:
-                    full, counts, s = _parse_v(sendbuf, False, p)
+                    s = parse_v(sendbuf, False, p)
+                    counts = s.counts
+                    full = s.raw[:sum(counts)]
                 else:
                     s = parse(sendbuf, writable=False, blocks=p)
                     full, counts = s.raw[:s.nbytes * p], [s.nbytes] * p
+                pre = (s.pack,)
                 if r is not None and r.nbytes != counts[rank]:
-                    raise _Native  # a type-signature mismatch: MPI's error
+                    raise _mismatch("the root's send block", counts[rank], r.nbytes)
                 a = sum(counts[:rank])
                 out = full[a:a + counts[rank]] if r is None else r.raw[:r.nbytes]
             else:
@@ -578,11 +619,11 @@ class _FamilyMethods:
                 counts[rank] = r.nbytes
                 if not v:
                     counts = [r.nbytes] * p
-        except _Native:
-            args = (sendbuf, recvbuf, root)
-            return self._family_native(which, mode, args, info)
+        except _Native as why:
+            return self._native(why, which, mode, (sendbuf, recvbuf, root), info)
         name, counts = self._rooted("scatter", v, algorithm, root, counts, is_root)
-        return _go(mode, _plan.scatter, full, root, comm=self, out=out, counts=counts, algorithm=name)
+        return _go(which, mode, _plan.scatter, full, root, comm=self, out=out, counts=counts, algorithm=name,
+                   pre=pre, post=post)
 
     # -- gather / gatherv --
     def Gather(self, sendbuf, recvbuf, root=0, *, algorithm="auto"):  # noqa: N802
@@ -606,31 +647,35 @@ class _FamilyMethods:
     def _gather(self, which, sendbuf, recvbuf, root, algorithm, mode, info=MPI.INFO_NULL):
         v = which == "Gatherv"
         try:
-            if not isinstance(root, (int, np.integer)) or isinstance(root, bool) or not 0 <= root < self.Get_size():
-                raise _Native
+            if not _root_arg(root, self.Get_size()):
+                raise _Native("a root mpi4py or MPI refuses")
             p, rank = self.Get_size(), self.Get_rank()
             is_root = rank == root
             s = None if is_root and _in_place_arg(sendbuf) else parse(sendbuf, writable=False)
             if is_root:
                 if v:
-                    full, counts, r = _parse_v(recvbuf, True, p)
+                    r = parse_v(recvbuf, True, p)
+                    counts = r.counts
+                    full = r.raw[:sum(counts)]
                 else:
                     r = parse(recvbuf, writable=True, blocks=p)
                     full, counts = r.raw[:r.nbytes * p], [r.nbytes] * p
                 if s is not None and s.nbytes != counts[rank]:
-                    raise _Native
+                    raise _mismatch("send size", s.nbytes, counts[rank])
                 a = sum(counts[:rank])
                 x = full[a:a + counts[rank]] if s is None else s.raw[:s.nbytes]
+                pre, post = _sending(s, r, s is None), (r.unpack,)
             else:
-                full, x = None, s.raw[:s.nbytes]
+                full, x, pre, post = None, s.raw[:s.nbytes], (s.pack,), ()
                 counts = [0] * p
                 counts[rank] = s.nbytes
                 if not v:
                     counts = [s.nbytes] * p
-        except _Native:
-            return self._family_native(which, mode, (sendbuf, recvbuf, root), info)
+        except _Native as why:
+            return self._native(why, which, mode, (sendbuf, recvbuf, root), info)
         name, counts = self._rooted("gather", v, algorithm, root, counts, is_root)
-        return _go(mode, _plan.gather, x, root, comm=self, out=full, counts=counts, algorithm=name)
+        return _go(which, mode, _plan.gather, x, root, comm=self, out=full, counts=counts, algorithm=name,
+                   pre=pre, post=post)
 
     # -- allgatherv --
     def Allgatherv(self, sendbuf, recvbuf, *, algorithm="auto"):  # noqa: N802
@@ -645,18 +690,22 @@ class _FamilyMethods:
     def _allgatherv(self, sendbuf, recvbuf, algorithm, mode, info=MPI.INFO_NULL):
         try:
             p, rank = self.Get_size(), self.Get_rank()
-            full, counts, r = _parse_v(recvbuf, True, p)
+            r = parse_v(recvbuf, True, p)
+            counts = r.counts
+            full = r.raw[:sum(counts)]
             a = sum(counts[:rank])
+            s = None
             if _in_place_arg(sendbuf):
                 x = full[a:a + counts[rank]]
             else:
                 s = parse(sendbuf, writable=False)
                 if s.nbytes != counts[rank]:
-                    raise _Native
+                    raise _mismatch("send size", s.nbytes, counts[rank])
                 x = s.raw[:s.nbytes]
-        except _Native:
-            return self._family_native("Allgatherv", mode, (sendbuf, recvbuf), info)
-        return _go(mode, _plan.allgatherv, x, counts, comm=self, out=full, algorithm=algorithm)
+        except _Native as why:
+            return self._native(why, "Allgatherv", mode, (sendbuf, recvbuf), info)
+        return _go("Allgatherv", mode, _plan.allgatherv, x, counts, comm=self, out=full, algorithm=algorithm,
+                   pre=_sending(s, r, s is None), post=(r.unpack,))
 
     # -- alltoall / alltoallv --
     def Alltoall(self, sendbuf, recvbuf, *, algorithm="auto"):  # noqa: N802
@@ -681,14 +730,17 @@ class _FamilyMethods:
         v = which == "Alltoallv"
         try:
             p = self.Get_size()
+            s = None
             if v:
-                out, rc, r = _parse_v(recvbuf, True, p)
+                r = parse_v(recvbuf, True, p)
+                rc = r.counts
+                out = r.raw[:sum(rc)]
                 if _in_place_arg(sendbuf):
                     x, sc = out, rc
                 else:
-                    x, sc, s = _parse_v(sendbuf, False, p)
-                    if s.datatype != r.datatype:
-                        raise _Native
+                    s = parse_v(sendbuf, False, p)
+                    sc = s.counts
+                    x = s.raw[:sum(sc)]
             else:
                 r = parse(recvbuf, writable=True, blocks=p)
                 out = r.raw[:r.nbytes * p]
@@ -697,15 +749,17 @@ class _FamilyMethods:
                 else:
                     s = parse(sendbuf, writable=False, blocks=p)
                     if s.nbytes != r.nbytes:
-                        raise _Native
+                        raise _mismatch("send block size", s.nbytes, r.nbytes)
                     x = s.raw[:s.nbytes * p]
-        except _Native:
-            return self._family_native(which, mode, (sendbuf, recvbuf), info)
+        except _Native as why:
+            return self._native(why, which, mode, (sendbuf, recvbuf), info)
+        pre, post = _sending(s, r, s is None), (r.unpack,)
         if v:
-            return _go(mode, _plan.alltoallv, x, sc, rc, comm=self, out=out, algorithm=algorithm)
+            return _go(which, mode, _plan.alltoallv, x, sc, rc, comm=self, out=out, algorithm=algorithm,
+                       pre=pre, post=post)
         block = out.size // p
-        return _go(mode, _plan.alltoall, x.reshape(p, block), comm=self, out=out.reshape(p, block),
-                   algorithm=algorithm)
+        return _go(which, mode, _plan.alltoall, x.reshape(p, block), comm=self, out=out.reshape(p, block),
+                   algorithm=algorithm, pre=pre, post=post)
 
 
 for _name, _fn in list(vars(_FamilyMethods).items()):

@@ -55,27 +55,27 @@ def type_info(datatype: MPI.Datatype):
         _TYPES = _predefined_types()
     found = _TYPES.get(datatype.py2f())
     if found is None:
-        raise Native  # derived (or unknown) datatype: MPI handles it
+        raise Native("a datatype mpicoll has no size for")  # derived, or padded/unknown: MPI handles it
     return found[0].size, found[1]
 
 
 def kernel_dtype(datatype: MPI.Datatype, op) -> tuple:
     """(DType, mpicoll Op) for a reduction, or _Native."""
     if not isinstance(op, MPI.Op):
-        raise Native  # mpi4py raises its TypeError
+        raise Native("op is not an MPI.Op")  # mpi4py raises its TypeError
     _, dt = type_info(datatype)
     if datatype == MPI.BYTE:
         # MPI defines BYTE for the bitwise ops only; anything else is MPI's error to give.
         if op not in (MPI.BAND, MPI.BOR, MPI.BXOR):
-            raise Native
+            raise Native("MPI.BYTE with an arithmetic op")
         dt = _dtypes.BY_NAME["uint8"]
     if dt is None:
-        raise Native
+        raise Native(f"no reduction kernel for {datatype.Get_name()}")
     try:
         o = _ops.resolve(op)
         o.check_dtype(dt)
     except (TypeError, ValueError):
-        raise Native from None
+        raise Native(f"no kernel for this op on {dt.name} (user-defined, MAXLOC, ...)") from None
     return dt, o
 
 
