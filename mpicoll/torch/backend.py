@@ -66,6 +66,7 @@ from mpi4py import MPI
 
 import mpicoll
 from mpicoll import api as _api
+from mpicoll import engine as _engine
 
 from . import _completion
 
@@ -160,10 +161,16 @@ class Work(dist._Work):
     ``reqs`` are mpicoll or MPI requests (None: already complete);
     ``finish()`` runs once after they complete (copy-backs of
     non-contiguous tensors, the list forms' copies) on whichever thread sees
-    completion first."""
+    completion first. ``deadline`` (seconds from now, None: none) bounds
+    ``wait()`` for work whose requests are MPI's own (mpicoll's requests
+    carry their deadline themselves); ``what`` names the work in the
+    ``CollectiveTimeout`` raised when it passes."""
 
-    def __init__(self, result, reqs=(), finish=None):
+    def __init__(self, result, reqs=(), finish=None, deadline=None, what="torch work"):
         super().__init__()
+        self._deadline = None if deadline is None else time.monotonic() + deadline
+        self._deadline_s = deadline
+        self._what = what
         self._result = result
         self._reqs = [r for r in reqs if r is not None]
         self._finish = finish
@@ -199,14 +206,21 @@ class Work(dist._Work):
         not completed by then. The collective then stays outstanding: as with
         torch's own backends, the group is broken (end the job)."""
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else (timeout or 0)
-        if not self._done and seconds > 0:
-            deadline = time.monotonic() + seconds
+        own = self._deadline is not None and (seconds <= 0 or self._deadline <= time.monotonic() + seconds)
+        if not self._done and (seconds > 0 or own):
+            deadline = self._deadline if own else time.monotonic() + seconds
             polls = 0
             while not self.is_completed():
                 if time.monotonic() > deadline:
+                    if own:
+                        raise mpicoll.CollectiveTimeout(
+                            f"mpicoll backend: {self._what} timed out on rank {MPI.COMM_WORLD.Get_rank()} "
+                            f"after {self._deadline_s:g} s (the process group's timeout); it is still outstanding",
+                            collective=self._what, rank=MPI.COMM_WORLD.Get_rank())
                     raise mpicoll.CollectiveTimeout(
                         f"mpicoll backend: work not completed within Work.wait(timeout={seconds:g} s); "
                         "the collective is still outstanding", collective="torch work")
+                _engine.progress()  # mpicoll's operations advance while this work is waited for
                 polls += 1
                 if polls > 1000:
                     time.sleep(0)
@@ -265,6 +279,18 @@ class Work(dist._Work):
         for r in pending:
             _completion.when_done(r, one_done)
         return self._future
+
+
+class _RecvAny(Work):
+    """A receive from any source: ``_source_rank()`` (what ``dist.recv``
+    asks once the work is complete) is the sender's rank in the group."""
+
+    def __init__(self, result, req, finish):
+        super().__init__(result, [req], finish)
+        self._req = req
+
+    def _source_rank(self) -> int:
+        return self._req.status.Get_source()
 
 
 class _Joined(Work):
@@ -474,7 +500,23 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
         return _Joined(outputs, works)
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
-        return self.allgather(output_lists, input_list, opts)
+        """all_gather_coalesced: ``output_lists[r][j]`` receives rank r's
+        ``input_list[j]`` (rank-major, where ``allgather``'s lists are
+        tensor-major): one all-gather per input tensor, each of its own shape."""
+        p = self.size()
+        if len(output_lists) != p or any(len(outs) != len(input_list) for outs in output_lists):
+            raise ValueError(f"mpicoll backend: all_gather_coalesced needs {p} output lists (one per rank) of "
+                             f"{len(input_list)} tensors each (one per input), got "
+                             f"{[len(outs) for outs in output_lists]}")
+        for outs in output_lists:
+            for o, t in zip(outs, input_list):
+                if o.numel() != t.numel() or o.dtype != t.dtype:
+                    raise ValueError(f"mpicoll backend: all_gather_coalesced output {tuple(o.shape)} {o.dtype} "
+                                     f"does not match its input {tuple(t.shape)} {t.dtype}")
+        per_tensor = [[output_lists[r][j] for r in range(p)] for j in range(len(input_list))]
+        work = self.allgather(per_tensor, input_list, opts)
+        work._result = output_lists
+        return work
 
     # -- reduce-scatter --
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
@@ -586,11 +628,18 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
 
     # -- barrier --
     def barrier(self, opts=None):
-        req = self.comm.Ibarrier()
+        """MPI_Ibarrier; its deadline is the call's ``timeout=`` if given, else
+        the group's: waited for (at once unless async) by polling, since
+        MPI's barrier has no deadline of its own."""
+        deadline = self.timeout
+        given = getattr(opts, "timeout", None)
+        if isinstance(given, timedelta) and given > timedelta(0):
+            deadline = given.total_seconds()
+        work = Work([], [self.comm.Ibarrier()], deadline=deadline,
+                    what=f"barrier of {self.size()} ranks")
         if not _is_async(opts):
-            req.Wait()
-            req = None
-        return Work([], [req])
+            work.wait()
+        return work
 
     # -- point to point --
     def send(self, tensors, dst, tag=0):
@@ -608,8 +657,34 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
             pairs.append((work, orig))
         return Work(tensors, reqs, self._copy_back(pairs))
 
+    def recv_anysource(self, tensors, tag=0):
+        """recv from any rank (``dist.recv(t)`` without ``src``): the Work's
+        ``_source_rank()`` is the sender's rank in this group."""
+        if len(tensors) != 1:
+            raise ValueError(f"mpicoll backend: recv from any source takes one tensor, got {len(tensors)}")
+        work, orig = _contiguous(tensors[0])
+        req = _StatusRequest(self.p2p.Irecv([as_bytes(work), MPI.BYTE], MPI.ANY_SOURCE, tag))
+        return _RecvAny(tensors, req, self._copy_back([(work, orig)]))
+
     def __repr__(self):
         return f"<mpicoll.torch.ProcessGroupMpicoll rank {self.rank()} of {self.size()}>"
+
+
+class _StatusRequest(MPI.Request):
+    """An MPI request that keeps its completion's status (``status``: the
+    sender of a receive from any source), whichever thread completes it and
+    however (``Test``/``Wait``, as _completion calls them)."""
+
+    def __new__(cls, req: MPI.Request):
+        self = super().__new__(cls, req)
+        self.status = MPI.Status()
+        return self
+
+    def Test(self, status=None):  # noqa: N802 (mpi4py's spelling)
+        return super().Test(self.status)
+
+    def Wait(self, status=None):  # noqa: N802
+        return super().Wait(self.status)
 
 
 def as_bytes_tensor(t: torch.Tensor) -> torch.Tensor:
