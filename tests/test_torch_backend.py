@@ -192,6 +192,27 @@ def test_all_gather_coalesced_bad_lists_raise_before_sending(pg):
     dist.barrier()  # nothing was sent: the group still works
 
 
+@pytest.mark.parametrize("dense_dims", [0, 2])
+def test_sparse_all_reduce(pg, dense_dims):
+    """Sparse COO tensors sum like their dense forms, on mpicoll as on gloo;
+    rank r has r + 1 nonzeros (rank 0's overlap everyone's), one rank none at all."""
+    p, r = dist.get_world_size(), dist.get_rank()
+
+    def mine(q, dtype=torch.float32):
+        nnz = 0 if q == p - 1 and p > 1 else q + 1
+        idx = torch.stack([torch.arange(nnz) * 2 % (2 * p), torch.full((nnz,), q % 3)])
+        return torch.sparse_coo_tensor(idx, torch.full((nnz,) + (3,) * dense_dims, q + 1.0, dtype=dtype),
+                                       (2 * p, 3) + (3,) * dense_dims)
+
+    want = sum(mine(q).to_dense() for q in range(p))
+    for group in (None, pg):
+        t = mine(r)
+        dist.all_reduce(t, group=group)
+        assert t.is_sparse and torch.equal(t.to_dense(), want)
+    with pytest.raises(ValueError, match="sums only"):
+        dist.all_reduce(mine(r), op=R.MAX)
+
+
 def test_recv_from_any_source_returns_the_sender(pg):
     """dist.recv without src: every other rank sends to rank 0 (in turn, so
     that the order is known), which receives from any source."""

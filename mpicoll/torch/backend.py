@@ -55,6 +55,7 @@ the functional collectives call the ``*_tensor_coalesced`` methods.
 """
 from __future__ import annotations
 
+import math
 import threading
 import time
 from datetime import timedelta
@@ -214,8 +215,8 @@ class Work(dist._Work):
                 if time.monotonic() > deadline:
                     if own:
                         raise mpicoll.CollectiveTimeout(
-                            f"mpicoll backend: {self._what} timed out on rank {MPI.COMM_WORLD.Get_rank()} "
-                            f"after {self._deadline_s:g} s (the process group's timeout); it is still outstanding",
+                            f"mpicoll backend: {self._what} timed out on rank {MPI.COMM_WORLD.Get_rank()}: "
+                            f"it passed its timeout of {self._deadline_s:g} s and is still outstanding",
                             collective=self._what, rank=MPI.COMM_WORLD.Get_rank())
                     raise mpicoll.CollectiveTimeout(
                         f"mpicoll backend: work not completed within Work.wait(timeout={seconds:g} s); "
@@ -432,6 +433,8 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
     # -- all-reduce --
     def allreduce(self, tensors, opts=None):
         opts = opts or dist.AllreduceOptions()
+        if any(t.layout is torch.sparse_coo for t in tensors):
+            return self._sparse_allreduce(tensors, opts)
         if not opts.asyncOp and len(tensors) == 1 and self.timeout is None:
             # The latency-bound case: one small tensor, waited for at once.
             t = tensors[0]
@@ -454,6 +457,29 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
             reqs.append(self._run(opts, "allreduce", arr, op, out=arr, dtype=dt))
             pairs.append((work, orig))
         return Work(tensors, reqs, self._copy_back(pairs))
+
+    def _sparse_allreduce(self, tensors, opts):
+        """Sparse COO tensors, summed (gloo's one sparse op): every rank's
+        indices and values are gathered (allgatherv of their bytes), joined in
+        rank order and coalesced, the same sums on every rank; the result
+        replaces each tensor's contents. Blocking, also for async_op=True."""
+        if int(opts.reduceOp.op if isinstance(opts.reduceOp, dist.ReduceOp) else opts.reduceOp) != int(_RED.SUM):
+            raise ValueError(f"mpicoll backend: sparse all_reduce sums only, got {opts.reduceOp}")
+        if not all(t.layout is torch.sparse_coo and t.is_cpu for t in tensors):
+            raise ValueError("mpicoll backend: sparse all_reduce takes sparse COO CPU tensors only, not mixed ones")
+        kw = {"comm": self.comm, **({"timeout": self.timeout} if self.timeout is not None else {})}
+        for t in tensors:
+            local = t.detach().coalesce()
+            # (nnz, sparse_dim) and (nnz, dense...): one rank's block is whole rows.
+            idx, val = local.indices().t().contiguous(), local.values().contiguous()
+            nnz = mpicoll.allgather(np.array([idx.shape[0]], np.int64), **kw).reshape(-1).tolist()
+            all_idx = torch.empty((sum(nnz), idx.shape[1]), dtype=idx.dtype)
+            all_val = torch.empty((sum(nnz),) + tuple(val.shape[1:]), dtype=val.dtype)
+            for mine, out in ((idx, all_idx), (val, all_val)):
+                row = math.prod(mine.shape[1:]) * mine.element_size()  # bytes per nonzero
+                mpicoll.allgatherv(as_bytes(mine), [n * row for n in nnz], out=as_bytes(out), **kw)
+            t.copy_(torch.sparse_coo_tensor(all_idx.t(), all_val, t.shape).coalesce())
+        return Work(tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
         o = dist.AllreduceOptions()
