@@ -5,11 +5,11 @@
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     g = dist.new_group([0, 2])                          # an MPI sub-communicator of ranks 0 and 2
 
-What it serves: all_reduce (SUM, PRODUCT, MIN, MAX, AVG, BAND, BOR, BXOR),
-broadcast, all_gather, all_gather_into_tensor, reduce_scatter,
-reduce_scatter_tensor, reduce, gather, scatter, all_to_all,
-all_to_all_single, barrier, send/recv, the object collectives built on
-them, async_op=True, and the functional collectives
+What it serves: all_reduce (SUM, PRODUCT, MIN, MAX, AVG, BAND, BOR, BXOR;
+sparse COO tensors: SUM), broadcast, all_gather, all_gather_coalesced,
+all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor, reduce,
+gather, scatter, all_to_all, all_to_all_single, barrier, send/recv (recv
+from any source too), the object collectives built on them, async_op=True, and the functional collectives
 (torch.distributed._functional_collectives). CPU tensors of the dtypes
 mpicoll reduces: int8..int64, uint8..uint64, float16, bfloat16, float32, float64
 (and bool, reduced as 0/1 bytes); collectives that only move data take any
@@ -32,7 +32,8 @@ mpicoll's own per-array plan cache serves the repeated call.
 
 Deadlines: a ``timeout=`` given to ``init_process_group``/``new_group``
 (anything but torch's 30-minute default, which stands for "none given")
-becomes mpicoll's deadline for every collective of the group: a collective
+becomes mpicoll's deadline for every collective of the group, barrier
+included (``dist.barrier(timeout=)`` sets that call's own): a collective
 that has not completed by then raises ``mpicoll.CollectiveTimeout`` on that
 rank (MPICOLL_TIMEOUT sets one for every collective instead). It is not
 applied by default because a deadline costs every call: mpicoll then polls
@@ -541,7 +542,7 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
                                      f"does not match its input {tuple(t.shape)} {t.dtype}")
         per_tensor = [[output_lists[r][j] for r in range(p)] for j in range(len(input_list))]
         work = self.allgather(per_tensor, input_list, opts)
-        work._result = output_lists
+        work._result = output_lists  # what the work hands back: the caller's rank-major lists
         return work
 
     # -- reduce-scatter --
