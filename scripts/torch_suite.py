@@ -182,8 +182,11 @@ def _all_tests(env) -> list[str]:
     code = ("from torch.testing._internal.distributed import distributed_test as dt\n"
             "print('\\n'.join(n for n in dir(dt.DistributedTest._DistTestBase) if n.startswith('test_')))")
     env = dict(env, BACKEND="gloo", WORLD_SIZE="2", TEMP_DIR=tempfile.gettempdir())
-    return subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True,
-                          text=True).stdout.split()
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    if proc.returncode:
+        hint = " (pip install --target DIR expecttest, then --deps DIR)" if "expecttest" in proc.stderr else ""
+        raise SystemExit(f"torch_suite: cannot import torch's distributed tests{hint}:\n{proc.stderr[-2000:]}")
+    return proc.stdout.split()
 
 
 def _run(backend: str, n: int, tests: list[str], args, env) -> dict:
