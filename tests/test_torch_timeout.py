@@ -36,7 +36,9 @@ if r == dist.get_world_size() - 1:
     time.sleep(60)          # never calls the second all-reduce
 mode = sys.argv[2]
 try:
-    if mode.startswith("barrier"):
+    if mode == "barrier-future":
+        dist.barrier(async_op=True).get_future().wait()
+    elif mode.startswith("barrier"):
         work = dist.barrier(async_op=mode == "barrier-async")
         if work is not None:
             work.wait()
@@ -51,7 +53,8 @@ print(f"R{r}:returned", flush=True)
 
 # What rank 0's CollectiveTimeout says, per mode.
 SAYS = {"sync": "allreduce timed out on rank 0", "async": "allreduce timed out on rank 0",
-        "barrier": "barrier of 2 ranks timed out on rank 0", "barrier-async": "barrier of 2 ranks timed out on rank 0"}
+        "barrier": "barrier of 2 ranks timed out on rank 0", "barrier-async": "barrier of 2 ranks timed out on rank 0",
+        "barrier-future": "barrier of 2 ranks timed out on rank 0"}
 
 
 @pytest.mark.parametrize("mode", list(SAYS))

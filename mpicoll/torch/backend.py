@@ -215,10 +215,7 @@ class Work(dist._Work):
             while not self.is_completed():
                 if time.monotonic() > deadline:
                     if own:
-                        raise mpicoll.CollectiveTimeout(
-                            f"mpicoll backend: {self._what} timed out on rank {MPI.COMM_WORLD.Get_rank()}: "
-                            f"it passed its timeout of {self._deadline_s:g} s and is still outstanding",
-                            collective=self._what, rank=MPI.COMM_WORLD.Get_rank())
+                        raise self._expired()
                     raise mpicoll.CollectiveTimeout(
                         f"mpicoll backend: work not completed within Work.wait(timeout={seconds:g} s); "
                         "the collective is still outstanding", collective="torch work")
@@ -237,6 +234,12 @@ class Work(dist._Work):
         if self._error is not None:
             raise self._error
         return True
+
+    def _expired(self) -> mpicoll.CollectiveTimeout:
+        rank = MPI.COMM_WORLD.Get_rank()
+        return mpicoll.CollectiveTimeout(
+            f"mpicoll backend: {self._what} timed out on rank {rank}: it passed its timeout of "
+            f"{self._deadline_s:g} s and is still outstanding", collective=self._what, rank=rank)
 
     def is_completed(self) -> bool:
         if not self._done and all(_completion.is_done(r) for r in list(self._reqs)):
@@ -280,6 +283,11 @@ class Work(dist._Work):
 
         for r in pending:
             _completion.when_done(r, one_done)
+        if self._deadline is not None:  # nobody may call wait(): the future fails at the deadline itself
+            timer = threading.Timer(max(0.0, self._deadline - time.monotonic()),
+                                    lambda: self._done or self._settle(self._expired()))
+            timer.daemon = True
+            timer.start()
         return self._future
 
 
