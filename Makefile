@@ -293,3 +293,18 @@ test-timeout: $(STAMP)
 MPI4PY_SUITE_NPROCS ?= 1 2 3
 test-mpi4py-suite: $(STAMP)
 	$(PY) tools/mpi4py_suite.py --nprocs $(MPI4PY_SUITE_NPROCS)
+
+# PyTorch's own backend-agnostic distributed tests (torch's distributed_test.py)
+# on gloo and on mpicoll, world sizes 2 and 3, each MPI rank playing one of
+# torch's per-test processes (scripts/torch_suite.py; results in
+# build/torch-suite). TORCH_SUITE_K='regex' runs the matching tests only.
+# torch's test utilities need expecttest, which the torch wheel does not
+# bring: it goes into build/torch-suite-deps, not into the venv.
+TORCH_SUITE_K ?=
+TORCH_SUITE_DEPS := build/torch-suite-deps
+$(TORCH_SUITE_DEPS)/expecttest:
+	$(PY) -m pip install -q --target $(TORCH_SUITE_DEPS) expecttest==0.3.0
+
+.PHONY: test-torch-suite
+test-torch-suite: $(STAMP) $(TORCH_SUITE_DEPS)/expecttest
+	$(PY) scripts/torch_suite.py --deps $(TORCH_SUITE_DEPS) $(if $(TORCH_SUITE_K),-k '$(TORCH_SUITE_K)')

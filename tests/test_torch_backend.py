@@ -165,6 +165,86 @@ def test_all_gather_forms(pg):
     assert lst == [0, "b"]
 
 
+def test_all_gather_coalesced(pg):
+    """output_lists[q][j] is rank q's input j (rank-major), for inputs of equal
+    shapes (where a transposed result has the right shapes and is silently
+    wrong) and of unequal shapes (torch wants one dtype); gloo too."""
+    p, r = dist.get_world_size(), dist.get_rank()
+
+    def inputs(q):
+        return [torch.full((2, 3), 10.0 * q + 1), torch.full((2, 3), 10.0 * q + 2),
+                torch.arange(q + 4.0, q + 9.0), torch.tensor([-q / 2])]
+
+    for group in (None, pg):
+        outs = [[torch.empty_like(t) for t in inputs(0)] for _ in range(p)]
+        dist.all_gather_coalesced(outs, inputs(r), group=group)
+        for q in range(p):
+            for got, want in zip(outs[q], inputs(q)):
+                assert torch.equal(got, want), (group, q, got, want)
+
+
+def test_all_gather_coalesced_bad_lists_raise_before_sending(pg):
+    p = dist.get_world_size()
+    with pytest.raises(ValueError, match="all_gather_coalesced"):
+        dist.all_gather_coalesced([[torch.empty(2)] for _ in range(p + 1)], [torch.ones(2)])
+    with pytest.raises(ValueError, match="all_gather_coalesced"):
+        dist.all_gather_coalesced([[torch.empty(3)] for _ in range(p)], [torch.ones(2)])
+    dist.barrier()  # nothing was sent: the group still works
+
+
+@pytest.mark.parametrize("dense_dims", [0, 2])
+def test_sparse_all_reduce(pg, dense_dims):
+    """Sparse COO tensors sum like their dense forms, on mpicoll as on gloo;
+    rank r has r + 1 nonzeros (rank 0's overlap everyone's), one rank none at all."""
+    p, r = dist.get_world_size(), dist.get_rank()
+
+    def mine(q, dtype=torch.float32):
+        nnz = 0 if q == p - 1 and p > 1 else q + 1
+        idx = torch.stack([torch.arange(nnz) * 2 % (2 * p), torch.full((nnz,), q % 3)])
+        return torch.sparse_coo_tensor(idx, torch.full((nnz,) + (3,) * dense_dims, q + 1.0, dtype=dtype),
+                                       (2 * p, 3) + (3,) * dense_dims)
+
+    want = sum(mine(q).to_dense() for q in range(p))
+    for group in (None, pg):
+        t = mine(r)
+        dist.all_reduce(t, group=group)
+        assert t.is_sparse and torch.equal(t.to_dense(), want)
+    with pytest.raises(ValueError, match="sums only"):
+        dist.all_reduce(mine(r), op=R.MAX)
+
+
+def test_recv_from_any_source_returns_the_sender(pg):
+    """dist.recv without src: every other rank sends to rank 0 (in turn, so
+    that the order is known), which receives from any source."""
+    p, r = dist.get_world_size(), dist.get_rank()
+    if p < 2:
+        pytest.skip("needs two ranks")
+    for sender in range(1, p):
+        if r == sender:
+            dist.send(torch.full((3,), 10.0 * r), 0, tag=7)
+        elif r == 0:
+            got = torch.empty(3)
+            assert dist.recv(got, tag=7) == sender
+            assert (got == 10.0 * sender).all()
+        dist.barrier()
+    if p > 2:  # in a subgroup that leaves rank 0 out: dist.recv returns the global rank
+        sub = dist.new_group(list(range(1, p)))
+        if r == p - 1:
+            dist.send(torch.full((2,), 5.0), 1, group=sub)
+        elif r == 1:
+            got = torch.empty(2)
+            assert dist.recv(got, group=sub) == p - 1
+            assert (got == 5.0).all()
+    if r == 1:  # irecv without src: the async form too
+        dist.send(torch.ones(2, dtype=torch.int64), 0, tag=8)
+    elif r == 0:
+        got = torch.zeros(2, dtype=torch.int64)
+        w = dist.irecv(got, tag=8)
+        w.wait()
+        assert w._source_rank() == 1 and (got == 1).all()
+    dist.barrier()
+
+
 @pytest.mark.parametrize("dtype", [torch.int32, torch.float16, torch.bfloat16, torch.float32], ids=str)
 def test_reduce_scatter_forms(pg, dtype):
     p, r = dist.get_world_size(), dist.get_rank()

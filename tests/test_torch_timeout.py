@@ -34,8 +34,16 @@ print(f"R{r}:t0:{time.time():.3f}", flush=True)
 if r == dist.get_world_size() - 1:
     print(f"R{r}:skipped", flush=True)
     time.sleep(60)          # never calls the second all-reduce
+mode = sys.argv[2]
 try:
-    dist.all_reduce(t, async_op=sys.argv[2] == "async").wait()
+    if mode == "barrier-future":
+        dist.barrier(async_op=True).get_future().wait()
+    elif mode.startswith("barrier"):
+        work = dist.barrier(async_op=mode == "barrier-async")
+        if work is not None:
+            work.wait()
+    else:
+        dist.all_reduce(t, async_op=mode == "async").wait()
 except mpicoll.CollectiveTimeout as exc:
     print(f"R{r}:TIMEOUT:{time.time():.3f}:{exc}", flush=True)
     raise
@@ -43,7 +51,13 @@ print(f"R{r}:returned", flush=True)
 """
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
+# What rank 0's CollectiveTimeout says, per mode.
+SAYS = {"sync": "allreduce timed out on rank 0", "async": "allreduce timed out on rank 0",
+        "barrier": "barrier of 2 ranks timed out on rank 0", "barrier-async": "barrier of 2 ranks timed out on rank 0",
+        "barrier-future": "barrier of 2 ranks timed out on rank 0"}
+
+
+@pytest.mark.parametrize("mode", list(SAYS))
 def test_skipped_collective_ends_within_the_group_timeout(tmp_path, mode):
     if not os.path.exists(MPIEXEC):
         pytest.skip("no mpiexec next to sys.executable")
@@ -66,4 +80,4 @@ def test_skipped_collective_ends_within_the_group_timeout(tmp_path, mode):
     raised = float(m.group(1)) - t0
     assert timeout - 0.1 <= raised <= timeout + 2.0, (raised, out[-2000:])
     assert end - t0 < 60, "the job outlived the sleeping rank's 60 s: the abort did not end it"
-    assert "allreduce timed out on rank 0" in out, out[-2000:]
+    assert SAYS[mode] in out, out[-2000:]

@@ -5,11 +5,11 @@
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     g = dist.new_group([0, 2])                          # an MPI sub-communicator of ranks 0 and 2
 
-What it serves: all_reduce (SUM, PRODUCT, MIN, MAX, AVG, BAND, BOR, BXOR),
-broadcast, all_gather, all_gather_into_tensor, reduce_scatter,
-reduce_scatter_tensor, reduce, gather, scatter, all_to_all,
-all_to_all_single, barrier, send/recv, the object collectives built on
-them, async_op=True, and the functional collectives
+What it serves: all_reduce (SUM, PRODUCT, MIN, MAX, AVG, BAND, BOR, BXOR;
+sparse COO tensors: SUM), broadcast, all_gather, all_gather_coalesced,
+all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor, reduce,
+gather, scatter, all_to_all, all_to_all_single, barrier, send/recv (recv
+from any source too), the object collectives built on them, async_op=True, and the functional collectives
 (torch.distributed._functional_collectives). CPU tensors of the dtypes
 mpicoll reduces: int8..int64, uint8..uint64, float16, bfloat16, float32, float64
 (and bool, reduced as 0/1 bytes); collectives that only move data take any
@@ -32,7 +32,8 @@ mpicoll's own per-array plan cache serves the repeated call.
 
 Deadlines: a ``timeout=`` given to ``init_process_group``/``new_group``
 (anything but torch's 30-minute default, which stands for "none given")
-becomes mpicoll's deadline for every collective of the group: a collective
+becomes mpicoll's deadline for every collective of the group, barrier
+included (``dist.barrier(timeout=)`` sets that call's own): a collective
 that has not completed by then raises ``mpicoll.CollectiveTimeout`` on that
 rank (MPICOLL_TIMEOUT sets one for every collective instead). It is not
 applied by default because a deadline costs every call: mpicoll then polls
@@ -55,6 +56,7 @@ the functional collectives call the ``*_tensor_coalesced`` methods.
 """
 from __future__ import annotations
 
+import math
 import threading
 import time
 from datetime import timedelta
@@ -66,6 +68,7 @@ from mpi4py import MPI
 
 import mpicoll
 from mpicoll import api as _api
+from mpicoll import engine as _engine
 
 from . import _completion
 
@@ -160,10 +163,16 @@ class Work(dist._Work):
     ``reqs`` are mpicoll or MPI requests (None: already complete);
     ``finish()`` runs once after they complete (copy-backs of
     non-contiguous tensors, the list forms' copies) on whichever thread sees
-    completion first."""
+    completion first. ``deadline`` (seconds from now, None: none) bounds
+    ``wait()`` for work whose requests are MPI's own (mpicoll's requests
+    carry their deadline themselves); ``what`` names the work in the
+    ``CollectiveTimeout`` raised when it passes."""
 
-    def __init__(self, result, reqs=(), finish=None):
+    def __init__(self, result, reqs=(), finish=None, deadline=None, what="torch work"):
         super().__init__()
+        self._deadline = None if deadline is None else time.monotonic() + deadline
+        self._deadline_s = deadline
+        self._what = what
         self._result = result
         self._reqs = [r for r in reqs if r is not None]
         self._finish = finish
@@ -199,14 +208,18 @@ class Work(dist._Work):
         not completed by then. The collective then stays outstanding: as with
         torch's own backends, the group is broken (end the job)."""
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else (timeout or 0)
-        if not self._done and seconds > 0:
-            deadline = time.monotonic() + seconds
+        own = self._deadline is not None and (seconds <= 0 or self._deadline <= time.monotonic() + seconds)
+        if not self._done and (seconds > 0 or own):
+            deadline = self._deadline if own else time.monotonic() + seconds
             polls = 0
             while not self.is_completed():
                 if time.monotonic() > deadline:
+                    if own:
+                        raise self._expired()
                     raise mpicoll.CollectiveTimeout(
                         f"mpicoll backend: work not completed within Work.wait(timeout={seconds:g} s); "
                         "the collective is still outstanding", collective="torch work")
+                _engine.progress()  # mpicoll's operations advance while this work is waited for
                 polls += 1
                 if polls > 1000:
                     time.sleep(0)
@@ -221,6 +234,12 @@ class Work(dist._Work):
         if self._error is not None:
             raise self._error
         return True
+
+    def _expired(self) -> mpicoll.CollectiveTimeout:
+        rank = MPI.COMM_WORLD.Get_rank()
+        return mpicoll.CollectiveTimeout(
+            f"mpicoll backend: {self._what} timed out on rank {rank}: it passed its timeout of "
+            f"{self._deadline_s:g} s and is still outstanding", collective=self._what, rank=rank)
 
     def is_completed(self) -> bool:
         if not self._done and all(_completion.is_done(r) for r in list(self._reqs)):
@@ -264,7 +283,24 @@ class Work(dist._Work):
 
         for r in pending:
             _completion.when_done(r, one_done)
+        if self._deadline is not None:  # nobody may call wait(): the future fails at the deadline itself
+            timer = threading.Timer(max(0.0, self._deadline - time.monotonic()),
+                                    lambda: self._done or self._settle(self._expired()))
+            timer.daemon = True
+            timer.start()
         return self._future
+
+
+class _RecvAny(Work):
+    """A receive from any source: ``_source_rank()`` (what ``dist.recv``
+    asks once the work is complete) is the sender's rank in the group."""
+
+    def __init__(self, result, req, finish):
+        super().__init__(result, [req], finish)
+        self._req = req
+
+    def _source_rank(self) -> int:
+        return self._req.status.Get_source()
 
 
 class _Joined(Work):
@@ -406,6 +442,8 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
     # -- all-reduce --
     def allreduce(self, tensors, opts=None):
         opts = opts or dist.AllreduceOptions()
+        if any(t.layout is torch.sparse_coo for t in tensors):
+            return self._sparse_allreduce(tensors, opts)
         if not opts.asyncOp and len(tensors) == 1 and self.timeout is None:
             # The latency-bound case: one small tensor, waited for at once.
             t = tensors[0]
@@ -428,6 +466,29 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
             reqs.append(self._run(opts, "allreduce", arr, op, out=arr, dtype=dt))
             pairs.append((work, orig))
         return Work(tensors, reqs, self._copy_back(pairs))
+
+    def _sparse_allreduce(self, tensors, opts):
+        """Sparse COO tensors, summed (gloo's one sparse op): every rank's
+        indices and values are gathered (allgatherv of their bytes), joined in
+        rank order and coalesced, the same sums on every rank; the result
+        replaces each tensor's contents. Blocking, also for async_op=True."""
+        if int(opts.reduceOp.op if isinstance(opts.reduceOp, dist.ReduceOp) else opts.reduceOp) != int(_RED.SUM):
+            raise ValueError(f"mpicoll backend: sparse all_reduce sums only, got {opts.reduceOp}")
+        if not all(t.layout is torch.sparse_coo and t.is_cpu for t in tensors):
+            raise ValueError("mpicoll backend: sparse all_reduce takes sparse COO CPU tensors only, not mixed ones")
+        kw = {"comm": self.comm, **({"timeout": self.timeout} if self.timeout is not None else {})}
+        for t in tensors:
+            local = t.detach().coalesce()
+            # (nnz, sparse_dim) and (nnz, dense...): one rank's block is whole rows.
+            idx, val = local.indices().t().contiguous(), local.values().contiguous()
+            nnz = mpicoll.allgather(np.array([idx.shape[0]], np.int64), **kw).reshape(-1).tolist()
+            all_idx = torch.empty((sum(nnz), idx.shape[1]), dtype=idx.dtype)
+            all_val = torch.empty((sum(nnz),) + tuple(val.shape[1:]), dtype=val.dtype)
+            for mine, out in ((idx, all_idx), (val, all_val)):
+                row = math.prod(mine.shape[1:]) * mine.element_size()  # bytes per nonzero
+                mpicoll.allgatherv(as_bytes(mine), [n * row for n in nnz], out=as_bytes(out), **kw)
+            t.copy_(torch.sparse_coo_tensor(all_idx.t(), all_val, t.shape).coalesce())
+        return Work(tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
         o = dist.AllreduceOptions()
@@ -474,7 +535,23 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
         return _Joined(outputs, works)
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
-        return self.allgather(output_lists, input_list, opts)
+        """all_gather_coalesced: ``output_lists[r][j]`` receives rank r's
+        ``input_list[j]`` (rank-major, where ``allgather``'s lists are
+        tensor-major): one all-gather per input tensor, each of its own shape."""
+        p = self.size()
+        if len(output_lists) != p or any(len(outs) != len(input_list) for outs in output_lists):
+            raise ValueError(f"mpicoll backend: all_gather_coalesced needs {p} output lists (one per rank) of "
+                             f"{len(input_list)} tensors each (one per input), got "
+                             f"{[len(outs) for outs in output_lists]}")
+        for outs in output_lists:
+            for o, t in zip(outs, input_list):
+                if o.numel() != t.numel() or o.dtype != t.dtype:
+                    raise ValueError(f"mpicoll backend: all_gather_coalesced output {tuple(o.shape)} {o.dtype} "
+                                     f"does not match its input {tuple(t.shape)} {t.dtype}")
+        per_tensor = [[output_lists[r][j] for r in range(p)] for j in range(len(input_list))]
+        work = self.allgather(per_tensor, input_list, opts)
+        work._result = output_lists  # what the work hands back: the caller's rank-major lists
+        return work
 
     # -- reduce-scatter --
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
@@ -586,11 +663,18 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
 
     # -- barrier --
     def barrier(self, opts=None):
-        req = self.comm.Ibarrier()
+        """MPI_Ibarrier; its deadline is the call's ``timeout=`` if given, else
+        the group's: waited for (at once unless async) by polling, since
+        MPI's barrier has no deadline of its own."""
+        deadline = self.timeout
+        given = getattr(opts, "timeout", None)
+        if isinstance(given, timedelta) and given > timedelta(0):
+            deadline = given.total_seconds()
+        work = Work([], [self.comm.Ibarrier()], deadline=deadline,
+                    what=f"barrier of {self.size()} ranks")
         if not _is_async(opts):
-            req.Wait()
-            req = None
-        return Work([], [req])
+            work.wait()
+        return work
 
     # -- point to point --
     def send(self, tensors, dst, tag=0):
@@ -608,8 +692,34 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
             pairs.append((work, orig))
         return Work(tensors, reqs, self._copy_back(pairs))
 
+    def recv_anysource(self, tensors, tag=0):
+        """recv from any rank (``dist.recv(t)`` without ``src``): the Work's
+        ``_source_rank()`` is the sender's rank in this group."""
+        if len(tensors) != 1:
+            raise ValueError(f"mpicoll backend: recv from any source takes one tensor, got {len(tensors)}")
+        work, orig = _contiguous(tensors[0])
+        req = _StatusRequest(self.p2p.Irecv([as_bytes(work), MPI.BYTE], MPI.ANY_SOURCE, tag))
+        return _RecvAny(tensors, req, self._copy_back([(work, orig)]))
+
     def __repr__(self):
         return f"<mpicoll.torch.ProcessGroupMpicoll rank {self.rank()} of {self.size()}>"
+
+
+class _StatusRequest(MPI.Request):
+    """An MPI request that keeps its completion's status (``status``: the
+    sender of a receive from any source), whichever thread completes it and
+    however (``Test``/``Wait``, as _completion calls them)."""
+
+    def __new__(cls, req: MPI.Request):
+        self = super().__new__(cls, req)
+        self.status = MPI.Status()
+        return self
+
+    def Test(self, status=None):  # noqa: N802 (mpi4py's spelling)
+        return super().Test(self.status)
+
+    def Wait(self, status=None):  # noqa: N802
+        return super().Wait(self.status)
 
 
 def as_bytes_tensor(t: torch.Tensor) -> torch.Tensor:
