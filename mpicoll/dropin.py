@@ -286,7 +286,9 @@ class Comm(MPI.Intracomm):
         # arrays that call handed to mpicoll.allreduce, whose cached plan then
         # runs without parsing anything (see api.short).
         e = _recent.get(id(recvbuf))
-        if e is not None and e[0] is sendbuf and e[1] is op and e[2] is recvbuf:
+        # (recvbuf's own flag: the kept flat view of a 2-D recvbuf stays
+        # writable when the program makes recvbuf read-only.)
+        if e is not None and e[0] is sendbuf and e[1] is op and e[2] is recvbuf and recvbuf.flags.writeable:
             c = _api._cache.get(id(e[3]))
             if c is not None and _api.short(c, e[3], e[4], e[5], self, algorithm) is not None:
                 if _calls is not None:

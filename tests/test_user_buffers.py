@@ -183,6 +183,23 @@ def test_out_made_read_only_after_first_call(algorithm):
     assert np.all(out == p * (p + 1) / 2)
 
 
+@pytest.mark.mpi
+def test_dropin_recvbuf_made_read_only_after_first_call():
+    """mpicoll.Comm's short path kept a flat view of a 2-D recvbuf, which
+    stays writable when recvbuf itself is made read-only."""
+    comm, rank, p = _world()
+    dcomm = mpicoll.Comm(comm)
+    x = np.full((2, 2), rank + 1.0)
+    y = np.empty((2, 2))
+    dcomm.Allreduce(x, y, MPI.SUM)
+    dcomm.Allreduce(x, y, MPI.SUM)  # the short path
+    y[...] = -1.0
+    y.flags.writeable = False
+    with pytest.raises((ValueError, BufferError)):
+        dcomm.Allreduce(x, y, MPI.SUM)
+    assert np.all(y == -1.0)
+
+
 # ---- NaN in min/max ---------------------------------------------------------------------
 
 @pytest.mark.mpi
