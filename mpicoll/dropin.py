@@ -240,6 +240,20 @@ _recent = {}
 
 
 
+def _reduction_args(sendbuf, recvbuf, op):
+    """(receive message, send message or None, in place?, DType, Op) of a
+    reduction whose result lands in ``recvbuf`` (Allreduce, Reduce's root):
+    both specs parsed, checked against each other, and the kernel found."""
+    r = parse(recvbuf, writable=True)
+    dt, o = _kernel_dtype(r.datatype, op)
+    s, in_place = None, True
+    if not _in_place_arg(sendbuf):
+        s = parse(sendbuf, writable=False)
+        _check_pair(s, r)
+        in_place = _in_place(s, r)
+    return r, s, in_place, dt, o
+
+
 class Comm(MPI.Intracomm):
     """An mpi4py ``Intracomm`` (same MPI handle) whose buffer collectives
     run on mpicoll. See the module docstring for what is accepted."""
@@ -323,13 +337,7 @@ class Comm(MPI.Intracomm):
         try:
             if not isinstance(op, MPI.Op):
                 raise _Native("op is not an MPI.Op")
-            r = parse(recvbuf, writable=True)
-            dt, o = _kernel_dtype(r.datatype, op)
-            s, in_place = None, True
-            if not _in_place_arg(sendbuf):
-                s = parse(sendbuf, writable=False)
-                _check_pair(s, r)
-                in_place = _in_place(s, r)
+            r, s, in_place, dt, o = _reduction_args(sendbuf, recvbuf, op)
         except _Native as why:
             return self._native(why, "Allreduce", mode, (sendbuf, recvbuf, op), info)
         r.dtype = dt
@@ -352,13 +360,7 @@ class Comm(MPI.Intracomm):
             if not isinstance(op, MPI.Op) or not _root_arg(root, self.Get_size()):
                 raise _Native("op or root mpi4py or MPI refuses")
             if self.Get_rank() == root:
-                r = parse(recvbuf, writable=True)
-                dt, o = _kernel_dtype(r.datatype, op)
-                s, in_place = None, True
-                if not _in_place_arg(sendbuf):
-                    s = parse(sendbuf, writable=False)
-                    _check_pair(s, r)
-                    in_place = _in_place(s, r)
+                r, s, in_place, dt, o = _reduction_args(sendbuf, recvbuf, op)
                 pre, post = _sending(s, r, in_place), (r.unpack,)
                 r.dtype = dt
                 out = r.data()

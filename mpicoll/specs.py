@@ -343,20 +343,26 @@ def _extent(datatype: MPI.Datatype, what: str):
     return lb, extent
 
 
-def parse(msg, writable: bool, blocks: int = 0) -> _Msg:
-    """Parse an mpi4py buffer spec the way mpi4py's ``message_simple`` does
-    (same accepted forms, same errors); _Native for what only MPI can do."""
-    o_buf, o_count, o_displ, o_type = _unpack_spec(msg, False)
+def _typed_buffer(o_buf, o_type, writable: bool):
+    """What both spec parsers need of a buffer and its datatype: (bytes,
+    datatype, MPI.BOTTOM?, derived?, the predefined type it repeats and how
+    many times per entry, that type's size, mpicoll DType). MPI.BOTTOM's
+    bytes are an empty array: MPI addresses them through the datatype."""
     raw, datatype = _basic_buffer(o_buf, o_type, writable)
     bottom = raw is None
     if bottom:
         raw = np.empty(0, np.uint8)
     derived = bottom or _is_derived(datatype)
-    if derived:
-        basic, n = _basic_of(datatype)
-        size, dt = _type_info(basic)
-    else:
-        size, dt = _type_info(datatype)
+    basic, n = _basic_of(datatype) if derived else (datatype, 1)
+    size, dt = _type_info(basic)
+    return raw, datatype, bottom, derived, basic, n, size, dt
+
+
+def parse(msg, writable: bool, blocks: int = 0) -> _Msg:
+    """Parse an mpi4py buffer spec the way mpi4py's ``message_simple`` does
+    (same accepted forms, same errors); _Native for what only MPI can do."""
+    o_buf, o_count, o_displ, o_type = _unpack_spec(msg, False)
+    raw, datatype, bottom, derived, basic, n, size, dt = _typed_buffer(o_buf, o_type, writable)
 
     length = raw.size
     displ = 0
@@ -428,17 +434,7 @@ def parse_v(msg, writable: bool, blocks: int) -> _Msg:
     as mpi4py does). Returns a message whose ``raw`` holds the blocks packed
     in rank order and ``counts`` their sizes in bytes."""
     o_buf, o_counts, o_displs, o_type = _unpack_spec(msg, True)
-    raw, datatype = _basic_buffer(o_buf, o_type, writable)
-    bottom = raw is None
-    if bottom:
-        raw = np.empty(0, np.uint8)
-    derived = bottom or _is_derived(datatype)
-    if derived:
-        basic, n = _basic_of(datatype)
-        size, dt = _type_info(basic)
-    else:
-        size, dt = _type_info(datatype)
-        basic, n = datatype, 1
+    raw, datatype, bottom, derived, basic, n, size, dt = _typed_buffer(o_buf, o_type, writable)
     if o_counts is None:
         csize = 0
         if raw.size > 0:

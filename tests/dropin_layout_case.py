@@ -168,29 +168,31 @@ CASES = {f.__name__: f for f in (scatterv_displs, gatherv_displs, allgatherv_str
                                  scatterv_bare_uneven, alltoallv_strided_recv)}
 
 
+def call(comm, name, args, mode, starts=1):
+    """``comm.<name>(*args)`` in ``mode`` ("run", "start", "init"), completed
+    (a persistent request started and waited for ``starts`` times, then
+    freed). Returns what the call returned."""
+    req = getattr(comm, name)(*args)
+    if mode == "init":
+        for _ in range(starts):
+            req.Start()
+            req.Wait()
+        req.Free()
+    elif req is not None:
+        req.Wait()
+    return req
+
+
 def main(case: str) -> int:
     method, build = CASES[case]()
     comm = mpicoll.Comm(WORLD)
     for mode in ("run", "start", "init"):
         name = dropin._method(method, mode)
         args, ref = build()
-        req = getattr(WORLD, name)(*args)
-        if mode == "init":
-            req.Start()
-        if req is not None:
-            req.Wait()
-        if mode == "init":
-            req.Free()
+        call(WORLD, name, args, mode)
         args, got = build()
         calls = dropin.count_calls()
-        req = getattr(comm, name)(*args)
-        if mode == "init":
-            for _ in range(2):  # a persistent request repeats the local packing at every start
-                req.Start()
-                req.Wait()
-            req.Free()
-        elif req is not None:
-            req.Wait()
+        call(comm, name, args, mode, starts=2)  # a persistent request repeats the local packing at every start
         dropin.count_calls(False)
         assert ref.tobytes() == got.tobytes(), (case, name, RANK, ref, got)
         assert calls[name, "mpicoll"] == 1 and not calls[name, "mpi4py"], (case, name, RANK, dict(calls))

@@ -12,6 +12,8 @@ from mpi4py import MPI
 
 import mpicoll
 
+from dropin_layout_case import call
+
 pytestmark = pytest.mark.mpi
 
 WORLD = MPI.COMM_WORLD
@@ -516,13 +518,7 @@ def run_modes(base, build, *, comm_, served=True):
         for c in (WORLD, comm_):
             args, out = build()
             calls = mpicoll.dropin.count_calls()
-            req = getattr(c, name)(*args)
-            if mode == "init":
-                req.Start()
-            if req is not None:
-                req.Wait()
-            if mode == "init":
-                req.Free()
+            req = call(c, name, args, mode)
             mpicoll.dropin.count_calls(False)
             outs.append(out)
         for i, (x, y) in enumerate(zip(*outs)):
