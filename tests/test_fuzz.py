@@ -85,16 +85,19 @@ def assert_bits(got, want, name, what):
 
 
 def numpy_op(op, name, a, b):
-    """numpy's answer, with one documented difference: for min/max on
-    floats the kernels resolve a tie (a == b, which is only ambiguous for
-    +0.0 vs -0.0) to ``a``. numpy leaves that sign unspecified, and numpy 2.x
-    returns ``b`` for float32/float64 but ``a`` for float16 - found by this
-    test."""
+    """numpy's answer, with the ties numpy leaves open settled as the kernels
+    settle them (csrc/reduce.c): for min/max on floats a tie (a == b, only
+    ambiguous for +0.0 vs -0.0) gives -0.0 for min and +0.0 for max,
+    whatever the operand order. numpy 2.x returns ``b`` for float32/float64
+    but ``a`` for float16 - found by this test. (Two NaNs: any NaN; the bits
+    of NaNs are not compared.)"""
     with np.errstate(all="ignore"):
         want = NUMPY_OPS[op](a, b)
         if op in ("min", "max") and name in FLOAT_DTYPES:
             tie = a == b
-            want[tie] = a[tie]
+            neg_a = np.signbit(np.asarray(a, np.float32))
+            pick_a = neg_a if op == "min" else ~neg_a
+            want[tie] = np.where(pick_a, a, b)[tie]
     return want
 
 
