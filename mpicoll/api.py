@@ -11,100 +11,66 @@ of the result is computed once, on one rank, and copied to the others (or,
 in recursive doubling, computed by both partners from the same operands in
 the same order).
 
-Small all-reduces are latency-bound (solvers' dot products and norms are
-8-256 bytes), so ``allreduce`` keeps the plans of its most recent small
-calls, keyed by the identity of the input and output arrays: a repeated
-call on the same arrays re-checks only what could have changed (shape,
-dtype, the environment) and runs the plan.
+Short collectives are latency-bound (solvers' dot products and norms are
+8-256 bytes), so ``allreduce``, ``bcast``, ``reduce`` and ``allgather`` file
+what a call decided in the communicator's plan cache under the call's
+signature (plancache.py): a repeated call, on the same arrays or on new ones
+of the same shape, re-checks only what the signature does not pin down and
+runs the kept decision on its own arrays.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from . import _direct, _env, plan as _plan
+from mpi4py import MPI
+
+from . import plan as _plan
 from . import ops as _ops
 from . import select
-from .comm import check_intracomm
+from .comm import _by_handle, check_intracomm
+from .plancache import MISS as _MISS
 
 ENV_ALGORITHM = _plan.ENV_ALGORITHM
 
-# ---- the small-message plan cache -----------------------------------------------
+# ---- kept plans ------------------------------------------------------------------
+# Every communicator's state keeps the decisions of its calls by signature
+# (plancache.py): a repeated call - on the same arrays or on new ones of the
+# same shape - is served by the kept entry without building a plan.
 
-# Only messages up to this size are cached (their per-call overhead matters,
-# and the cache keeps the arrays alive: at most CACHE_SIZE * 2 of them).
-CACHE_MAX_BYTES = 64 << 10
-CACHE_SIZE = 32
-_cache = {}
-# The environment variables a plan depends on, read raw on every hit
-# (os.environ's own mapping, see _env): a changed value rebuilds the plan.
-_DATA = getattr(_env, "_DATA", None)
-if _DATA is not None:  # CPython on POSIX
-    import os as _os
-
-    _K1, _K2, _K3 = (_os.environ.encodekey(k) for k in (_plan.ENV_ALGORITHM, "MPICOLL_CHECK", _plan.ENV_TIMEOUT))
-
-    def _env_raw():
-        return _DATA.get(_K1), _DATA.get(_K2), _DATA.get(_K3)
-else:  # pragma: no cover - elsewhere: a mapping that never matches, so no short path
-    _DATA, _K1, _K2, _K3 = {}, 1, 2, 3
-
-    def _env_raw():
-        return object(), None, None
+_WORLD = MPI.COMM_WORLD
 
 
-class _Cached:
-    """A cached small all-reduce: the plan and what it was built from."""
-
-    __slots__ = ("plan", "x", "out", "op", "comm", "algorithm", "shape", "dtype", "env", "fn", "args", "st",
-                 "finish", "options")
-
-    def __init__(self, plan, x, out, op, comm, algorithm, env, options):
-        self.plan, self.x, self.out, self.op, self.comm, self.algorithm = plan, x, out, op, comm, algorithm
-        self.options = options
-        self.shape, self.dtype, self.env = x.shape, x.dtype, env
-        self.st = plan.st
-        self.finish = plan.finish
-        self.fn = self.args = None
-        nat = plan.native
-        # The direct call skips the plan's stage/prologue: only for plans
-        # that have none (an input staged through a private copy must be
-        # refreshed at every call, see buffers.as_input).
-        if nat is not None and plan.timeout is None and plan.stage is None and plan.prologue is None:
-            direct = nat.direct() if nat.direct is not None else None
-            if direct is not None:
-                self.fn, self.args = direct
-            else:
-                self.fn, self.args = nat.blocking, ()
+def _kept(comm, key):
+    """The kept entry of ``key`` on ``comm``, or None (no state yet, or no entry)."""
+    if comm is None:
+        comm = _WORLD
+    elif not isinstance(comm, MPI.Comm):
+        return None  # the full path raises the usual TypeError
+    st = _by_handle.get(comm.handle)
+    return None if st is None else st.plans.get(key)
 
 
-def short(c: _Cached, x, out, op, comm, algorithm):
-    """Run cached plan ``c`` if this call is the one it was built for (the
-    same arrays, op, communicator and algorithm, an unchanged environment);
-    None otherwise. The drop-in ``Comm.Allreduce`` calls it too."""
-    if c.out is not out or c.op is not op or c.comm is not comm or c.algorithm is not algorithm \
-            or x.shape != c.shape or x.dtype is not c.dtype or c.st.freed:
-        return None
-    if out is not None and not out.flags.writeable:
-        return None  # made read-only since: the full path raises the usual error
-    env = c.env
-    if _DATA.get(_K1) is not env[0] or _DATA.get(_K2) is not env[1] or _DATA.get(_K3) is not env[2]:
-        return None  # (identity: the values os.environ holds; any change rebuilds the plan)
-    fn = c.fn
-    if fn is None:  # a point-to-point algorithm: the plan's schedule
-        res = c.plan.run()
-        return res.copy() if out is None else res
-    st = c.st
-    _plan.enter(st)
-    try:
-        st.seq += 1
-        rc = fn(*c.args)
-        if rc:  # MPI_Allreduce's own error code (mpi4py's call returns None and raises itself)
-            _direct.check(rc)
-        if c.finish is not None:
-            c.finish()
-    finally:
-        st.busy.release()
-    return out if out is not None else c.plan.result.copy()
+def _keep(plan, key, mode=0):
+    """File ``plan``'s kept entry (if it has one) under ``key``."""
+    k = plan.kept
+    if k is not None and not plan.check_sig:
+        if mode:
+            k.mode = mode
+        plan.st.plans.put(key, k)
+
+
+def _mode(x, out) -> int:
+    return 0 if out is None else 1 if out is x else 2
+
+
+def _opkey(op):
+    """A hashable stand-in for ``op`` in a key (mpi4py's Op objects are not
+    hashable), or None for anything the full path must look at."""
+    if type(op) is str:
+        return op
+    if type(op) is MPI.Op:
+        return op.py2f()
+    return None
 
 
 def allreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", **options):
@@ -149,43 +115,27 @@ def allreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", **options):
 
     Returns ``out`` (a new array of x's shape and dtype if ``out`` is None).
     """
-    # The short path: the same arrays, op, communicator and algorithm as a
-    # recent call, no options, and an unchanged environment run the cached
-    # plan's native call directly (see _Cached).
-    c = _cache.get(id(x))
-    if c is not None and (options == c.options if options else not c.options):
-        res = short(c, x, out, op, comm, algorithm)
-        if res is not None:
-            return res
+    # The short path: a call of a kept signature runs the kept decision on
+    # this call's arrays (plan.KeptAllreduce; MISS sends it down the full path).
+    o = _opkey(op)
+    if not options and type(x) is np.ndarray and o is not None and type(algorithm) is str:
+        key = ("allreduce", x.shape, x.dtype, o, algorithm, _mode(x, out))
+        k = _kept(comm, key)
+        if k is not None:
+            res = k(x, out)
+            if res is not _MISS:
+                return res
+        plan = _plan.allreduce(x, op, comm=comm, out=out, algorithm=algorithm)
+        _keep(plan, key, key[-1])
+        return plan.run()
     if options:
         bad = set(options) - _OPTIONS
         if bad:
             raise TypeError(f"mpicoll: allreduce() got an unexpected keyword argument {sorted(bad)[0]!r}")
-    if type(op) is str and type(x) is np.ndarray and (out is None or type(out) is np.ndarray) \
-            and _cacheable(options):
-        plan = _plan.allreduce(x, op, comm=comm, out=out, algorithm=algorithm, **options)
-        if plan.nbytes <= CACHE_MAX_BYTES and not plan.check_sig:
-            if len(_cache) >= CACHE_SIZE:
-                _cache.clear()
-            _cache[id(x)] = _Cached(plan, x, out, op, comm, algorithm, _env_raw(), dict(options))
-            res = plan.run()
-            return res.copy() if out is None else res
-        return plan.run()
     return _plan.allreduce(x, op, comm=comm, out=out, algorithm=algorithm, **options).run()
 
 
 _OPTIONS = frozenset(("dtype", "compression", "reproducible", "check", "timeout"))
-
-
-def _cacheable(options) -> bool:
-    """Options a kept plan can serve again: not compression (top-k keeps a
-    residual) and not check=True (its pre-flight runs once per call)."""
-    for k, v in options.items():
-        if k == "compression" and v is not None or k == "check" and v is not False and v is not None:
-            return False
-        if not isinstance(v, (str, bool, int, float, type(None))):
-            return False
-    return True
 
 
 def reduce_scatter(x, op="sum", *, comm=None, counts=None, out=None, algorithm="auto", dtype=None,
@@ -207,6 +157,16 @@ def allgather(x, *, comm=None, out=None, algorithm="auto", check=None, timeout=N
     Returns an array of shape ``(p,) + x.shape``: row i is rank i's ``x``.
     Any fixed-size numpy dtype works, since nothing is reduced.
     """
+    if check is None and timeout is None and type(x) is np.ndarray and type(algorithm) is str:
+        key = ("allgather", x.shape, x.dtype, algorithm, out is not None)
+        k = _kept(comm, key)
+        if k is not None:
+            res = k(x, out)
+            if res is not _MISS:
+                return res
+        plan = _plan.allgather(x, comm=comm, out=out, algorithm=algorithm)
+        _keep(plan, key, key[-1])
+        return plan.run()
     return _plan.allgather(x, comm=comm, out=out, algorithm=algorithm, check=check, timeout=timeout).run()
 
 
@@ -215,6 +175,17 @@ def bcast(x, root=0, *, comm=None, algorithm="auto", check=None, timeout=None):
 
     ``x`` must be a writable, C-contiguous buffer. Returns ``x``.
     """
+    if check is None and timeout is None and type(x) is np.ndarray and type(algorithm) is str \
+            and type(root) is int:
+        key = ("bcast", x.shape, x.dtype, root, algorithm)
+        k = _kept(comm, key)
+        if k is not None:
+            res = k(x)
+            if res is not _MISS:
+                return res
+        plan = _plan.bcast(x, root, comm=comm, algorithm=algorithm)
+        _keep(plan, key)
+        return plan.run()
     return _plan.bcast(x, root, comm=comm, algorithm=algorithm, check=check, timeout=timeout).run()
 
 
@@ -224,6 +195,18 @@ def reduce(x, op="sum", root=0, *, comm=None, out=None, algorithm="auto", dtype=
     Returns the result (``out`` if given) on root and None elsewhere; ``out``
     is only looked at on root.
     """
+    o = _opkey(op)
+    if dtype is None and check is None and timeout is None and type(x) is np.ndarray and o is not None \
+            and type(algorithm) is str and type(root) is int:
+        key = ("reduce", x.shape, x.dtype, o, root, algorithm, _mode(x, out))
+        k = _kept(comm, key)
+        if k is not None:
+            res = k(x, out)
+            if res is not _MISS:
+                return res
+        plan = _plan.reduce(x, op, root, comm=comm, out=out, algorithm=algorithm)
+        _keep(plan, key, key[-1])
+        return plan.run()
     return _plan.reduce(x, op, root, comm=comm, out=out, algorithm=algorithm, dtype=dtype, check=check,
                         timeout=timeout).run()
 

@@ -47,6 +47,7 @@ from mpi4py import MPI
 
 from . import profile as _profile
 from .errors import CollectiveTimeout
+from .plancache import PlanCache
 
 _keyval = None
 # Fast path in front of the attribute: communicator handle -> state. An
@@ -99,6 +100,7 @@ class CommState:
         self.pool = {}  # scratch of blocking calls (schedule.Context.scratch), reused call after call
         self.idle_pools = []  # scratch dictionaries of completed nonblocking calls, for the next ones
         self.extra = {}  # per-algorithm cached state (e.g. node communicators)
+        self.plans = PlanCache()  # kept plans of this communicator's calls, by signature (plancache.py)
         self.seq = 0
         self.freed = False
         # Held while a thread runs or starts a collective on this communicator
@@ -123,6 +125,7 @@ class CommState:
 
     def free(self) -> None:
         self.freed = True
+        self.plans.clear()
         self.pool.clear()
         self.idle_pools.clear()
         for v in self.extra.values():

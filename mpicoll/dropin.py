@@ -233,13 +233,6 @@ def _fast_allreduce(sendbuf, recvbuf, op):
     return (sendbuf if sendbuf.ndim == 1 else sendbuf.reshape(-1)), out, o.name
 
 
-# id(recvbuf) -> (sendbuf, op, recvbuf, x, out, op name) of recent short
-# Allreduce calls: the flat views handed to mpicoll.allreduce are kept, so a
-# repeated call finds that call's cached plan (keyed by the views' identity).
-_recent = {}
-
-
-
 def _reduction_args(sendbuf, recvbuf, op):
     """(receive message, send message or None, in place?, DType, Op) of a
     reduction whose result lands in ``recvbuf`` (Allreduce, Reduce's root):
@@ -296,18 +289,6 @@ class Comm(MPI.Intracomm):
     # serve goes to mpi4py's method of the same mode.
 
     def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM, *, algorithm="auto"):  # noqa: N802 (mpi4py's names)
-        # The short path: the same buffers and op as a recent call reuse the
-        # arrays that call handed to mpicoll.allreduce, whose cached plan then
-        # runs without parsing anything (see api.short).
-        e = _recent.get(id(recvbuf))
-        # (recvbuf's own flag: the kept flat view of a 2-D recvbuf stays
-        # writable when the program makes recvbuf read-only.)
-        if e is not None and e[0] is sendbuf and e[1] is op and e[2] is recvbuf and recvbuf.flags.writeable:
-            c = _api._cache.get(id(e[3]))
-            if c is not None and _api.short(c, e[3], e[4], e[5], self, algorithm) is not None:
-                if _calls is not None:
-                    _served("Allreduce", "run")
-                return None
         return self._allreduce(sendbuf, recvbuf, op, algorithm, "run")
 
     def Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM, *, algorithm="auto"):  # noqa: N802
@@ -326,12 +307,11 @@ class Comm(MPI.Intracomm):
         if fast is not None:  # plain numpy arrays: the common case, without the general parsing
             x, out, name = fast
             if mode == "run":
+                # mpicoll.allreduce keeps the decision under the call's
+                # signature: a repeated call (same or new arrays) is served
+                # by the kept plan without parsing (plancache.py).
                 _served("Allreduce", mode)
                 _api.allreduce(x, name, comm=self, out=out, algorithm=algorithm)
-                if x.nbytes <= _api.CACHE_MAX_BYTES:
-                    if len(_recent) >= _api.CACHE_SIZE:
-                        _recent.clear()
-                    _recent[id(recvbuf)] = (sendbuf, op, recvbuf, x, out, name)
                 return None
             return _go("Allreduce", mode, _plan.allreduce, x, name, comm=self, out=out, algorithm=algorithm)
         try:

@@ -171,7 +171,7 @@ class Plan:
     """
 
     __slots__ = ("st", "collective", "algorithm", "nbytes", "result", "schedule", "prologue", "finish",
-                 "timeout", "pool", "native", "check_sig", "entry", "stage")
+                 "timeout", "pool", "native", "check_sig", "entry", "stage", "kept")
 
     def __init__(self, st, collective, algorithm, nbytes, result, schedule, *, prologue=None, finish=None,
                  timeout=None, native=None, stage=None):
@@ -188,6 +188,10 @@ class Plan:
         self.pool = None  # scratch: st.pool when blocking, own dict when nonblocking/persistent
         self.native = native  # schedule.NativeCall for the MPI library's collective (fast paths)
         self.check_sig = False  # the pre-flight check ran when the plan was built (per call: not reusable)
+        # A plancache.Kept that replays this call's decision on new buffers
+        # (set by the builders whose call it can serve; the front door files
+        # it under the call's signature), or None.
+        self.kept = None
 
     def _context(self, pool):
         st = self.st
@@ -371,8 +375,11 @@ def _allreduce(x, op, comm, out, algorithm, dtype, compression, reproducible, ch
             if src is not None:
                 flat[...] = src
 
-        return Plan(st, "allreduce", name, flat.nbytes, result, None, prologue=copy,
+        plan = Plan(st, "allreduce", name, flat.nbytes, result, None, prologue=copy,
                     finish=_then(_finish(st, red, flat), unstage), timeout=timeout, stage=stage)
+        if stage is None and unstage is None and flat.dtype == arr.dtype:
+            plan.kept = KeptAllreduce(st, None, None, None)
+        return plan
     if reproducible:
         from .algorithms import reproducible as _rep
 
@@ -398,6 +405,9 @@ def _allreduce(x, op, comm, out, algorithm, dtype, compression, reproducible, ch
                 finish=_then(_finish(st, red, flat), unstage), timeout=timeout, stage=stage)
     if entry.native is not None:
         plan.native = entry.native(st.comm, flat, red, src)
+        if timeout is None and stage is None and unstage is None and flat.dtype == arr.dtype:
+            datatype, mop = _mpi._typed(red)
+            plan.kept = KeptAllreduce(st, datatype, mop, red if red.op.average else None)
     return _blocking_pool(plan, nonblocking)
 
 
@@ -502,6 +512,8 @@ def allgather(x, *, comm=None, out=None, algorithm="auto", check=None, timeout=N
     plan = allgather_bytes(comm, flat, mine, rank, p, name, entry, knobs, check_on, timeout, result,
                            dict(count=arr.size, dtype=(arr.dtype.str, arr.shape)), nonblocking)
     plan.stage = stage
+    if timeout is None and stage is None and (plan.schedule is None or plan.native is not None):
+        plan.kept = KeptAllgather(plan.st, flat.nbytes // p if p else 0, plan.schedule is not None)
     return plan
 
 
@@ -557,6 +569,8 @@ def bcast_bytes(comm, data, root, name, entry, knobs, check_on, timeout, result,
     plan = Plan(st, "bcast", name, data.nbytes, result, sched, timeout=timeout)
     if sched is not None and name == "mpi":
         plan.native = _mpi.bcast_call(st.comm, data, root)
+    if timeout is None and (sched is None or plan.native is not None):
+        plan.kept = KeptBcast(st, root, sched is not None)
     return _blocking_pool(plan, nonblocking)
 
 
@@ -600,6 +614,10 @@ def reduce(x, op="sum", root=0, *, comm=None, out=None, algorithm="auto", dtype=
     plan.pool = pool
     if p > 1 and name == "mpi":
         plan.native = _mpi.reduce_call(st.comm, work, red, root)
+    if timeout is None and stage is None and unstage is None and src.dtype == arr.dtype \
+            and (p == 1 or plan.native is not None):
+        datatype, mop = _mpi._typed(red)
+        plan.kept = KeptReduce(st, datatype, mop, red if red.op.average else None, root)
     return plan
 
 
@@ -978,3 +996,173 @@ def alltoallv(x, sendcounts, recvcounts, *, comm=None, out=None, algorithm="auto
     # depend on them: nbytes -1 (select.family's size-free rule).
     return _staged(_alltoall_plan("alltoallv", comm, arr.reshape(-1), result, sc, rc, name, entry, knobs, check_on,
                                   timeout, dict(count=-1, dtype=arr.dtype.str), nonblocking, -1), stage)
+
+
+# ---- kept plans: a call's decision replayed on new buffers (plancache.py) ----------
+# Each serves the calls of one signature (the key the front door files it
+# under pins down collective, shape, dtype, op, root, algorithm and whether
+# out is absent, x itself or another array) whose decision was the MPI
+# library's own collective, or a copy on one rank. A call it cannot serve
+# exactly as the full path would (a non-contiguous or misaligned array, an
+# overlap, a changed environment) is a MISS and takes the full path, which
+# also raises the usual errors.
+
+from .plancache import MISS as _MISS, Kept as _Kept, env_unchanged as _env_unchanged  # noqa: E402
+
+
+def _plain(a) -> bool:
+    """A numpy array the MPI library can take as it is."""
+    fl = a.flags
+    return fl.c_contiguous and fl.aligned
+
+
+def _writable_out(out, x) -> bool:
+    """``out`` can receive a result shaped like ``x`` without staging, and
+    does not overlap ``x``."""
+    if type(out) is not np.ndarray or out.shape != x.shape or out.dtype != x.dtype:
+        return False
+    fl = out.flags
+    return fl.c_contiguous and fl.aligned and fl.writeable and not np.may_share_memory(x, out)
+
+
+class KeptAllreduce(_Kept):
+    """allreduce: MPI_Allreduce on the call's arrays (or, on one rank, a copy).
+    ``mode``: 0 no out, 1 out is x, 2 another out (set by the front door)."""
+
+    __slots__ = ("datatype", "op", "avg", "mode")
+
+    def __init__(self, st, datatype, op, avg):
+        super().__init__(st)
+        self.datatype, self.op, self.avg, self.mode = datatype, op, avg, 0
+
+    def __call__(self, x, out):
+        st = self.st
+        if st.freed or not _plain(x) or not _env_unchanged(self):
+            return _MISS
+        mode = self.mode
+        if mode == 0:
+            out = np.empty(x.shape, x.dtype)
+        elif mode == 1:
+            if not x.flags.writeable:
+                return _MISS
+        elif not _writable_out(out, x):
+            return _MISS
+        if self.datatype is None:  # one rank
+            if mode != 1:
+                out[...] = x
+            return out
+        enter(st)
+        try:
+            st.seq += 1
+            dt = self.datatype
+            st.comm.Allreduce(MPI.IN_PLACE if mode == 1 else [x, dt], [out, dt], self.op)
+            if self.avg is not None:
+                self.avg.finish(out.reshape(-1), st.size)
+        finally:
+            st.busy.release()
+        return out
+
+
+class KeptBcast(_Kept):
+    """bcast: MPI_Bcast of the call's array as bytes (nothing when it is empty
+    or the communicator has one rank)."""
+
+    __slots__ = ("root", "call")
+
+    def __init__(self, st, root, call):
+        super().__init__(st)
+        self.root, self.call = root, call
+
+    def __call__(self, x):
+        st = self.st
+        fl = x.flags
+        if st.freed or not (fl.c_contiguous and fl.writeable) or not _env_unchanged(self):
+            return _MISS
+        if self.call:
+            enter(st)
+            try:
+                st.seq += 1
+                st.comm.Bcast([x, MPI.BYTE], self.root)
+            finally:
+                st.busy.release()
+        return x
+
+
+class KeptReduce(_Kept):
+    """reduce: MPI_Reduce from the call's array into root's result (or, on
+    one rank, a copy). ``mode`` as KeptAllreduce's, on the root."""
+
+    __slots__ = ("datatype", "op", "avg", "root", "mode")
+
+    def __init__(self, st, datatype, op, avg, root):
+        super().__init__(st)
+        self.datatype, self.op, self.avg, self.root, self.mode = datatype, op, avg, root, 0
+
+    def __call__(self, x, out):
+        st = self.st
+        if st.freed or not _plain(x) or not _env_unchanged(self):
+            return _MISS
+        root = self.root
+        if st.rank != root:
+            out = None
+        elif self.mode == 0:
+            out = np.empty(x.shape, x.dtype)
+        elif self.mode == 1:
+            if not x.flags.writeable:
+                return _MISS
+        elif not _writable_out(out, x):
+            return _MISS
+        if st.size == 1:
+            if self.mode != 1:
+                out[...] = x
+            return out
+        dt = self.datatype
+        enter(st)
+        try:
+            st.seq += 1
+            if out is None:
+                st.comm.Reduce([x, dt], None, self.op, root)
+            else:
+                st.comm.Reduce(MPI.IN_PLACE if self.mode == 1 else [x, dt], [out, dt], self.op, root)
+                if self.avg is not None:
+                    self.avg.finish(out.reshape(-1), st.size)
+        finally:
+            st.busy.release()
+        return out
+
+
+class KeptAllgather(_Kept):
+    """allgather: x placed in row ``rank`` of the result, then the MPI
+    library's in-place MPI_Allgatherv over equal byte blocks (the full
+    path's call, so ranks that hit and ranks that miss still match)."""
+
+    __slots__ = ("spec", "call", "mode")
+
+    def __init__(self, st, block, call):
+        super().__init__(st)
+        p = st.size
+        self.spec = ([block] * p, [block * i for i in range(p)])
+        self.call, self.mode = call, 0
+
+    def __call__(self, x, out):
+        st = self.st
+        if st.freed or not _plain(x) or not _env_unchanged(self):
+            return _MISS
+        shape = (st.size,) + x.shape
+        if self.mode == 0:
+            out = np.empty(shape, x.dtype)
+        else:
+            if type(out) is not np.ndarray or out.shape != shape or out.dtype != x.dtype:
+                return _MISS
+            fl = out.flags
+            if not (fl.c_contiguous and fl.aligned and fl.writeable) or np.may_share_memory(x, out):
+                return _MISS
+        out[st.rank] = x
+        if self.call:
+            enter(st)
+            try:
+                st.seq += 1
+                st.comm.Allgatherv(MPI.IN_PLACE, [out, self.spec, MPI.BYTE])
+            finally:
+                st.busy.release()
+        return out

@@ -35,13 +35,8 @@ import numpy as np
 from mpi4py import MPI
 
 from . import register
-from .. import _direct
 from ..kernels import Reduction
 from ..mpitypes import reduces_natively
-
-# The direct C call (mpicoll._direct) saves mpi4py's argument parsing, which
-# only matters for latency-bound messages.
-DIRECT_MAX_BYTES = 64 << 10
 
 _user_ops = {}
 
@@ -80,13 +75,10 @@ class NativeCall:
     MPI-4 form's request, or None where the library lacks it) and
     ``after()`` (work once it has completed, e.g. placing a block)."""
 
-    __slots__ = ("blocking", "start", "init", "after", "direct")
+    __slots__ = ("blocking", "start", "init", "after")
 
-    def __init__(self, blocking, start, init=None, after=None, direct=None):
+    def __init__(self, blocking, start, init=None, after=None):
         self.blocking, self.start, self.init, self.after = blocking, start, init, after
-        # direct() -> (C function, args) or None: the same blocking call
-        # without mpi4py's parsing (mpicoll._direct), for plans that are kept.
-        self.direct = direct
 
 
 def _init(comm, name):
@@ -100,12 +92,8 @@ def allreduce_call(comm, buf, red, src=None) -> NativeCall:
     sb = MPI.IN_PLACE if src is None else [src, datatype]
     rb = [buf, datatype]
     init = _init(comm, "Allreduce")
-    direct = None
-    if buf.nbytes <= DIRECT_MAX_BYTES and reduces_natively(red.dtype, red.op):
-        def direct():  # made only by plans that are kept (it holds buffer exports)
-            return _direct.allreduce(comm, src, buf, buf.size, datatype, op)
     return NativeCall(lambda: comm.Allreduce(sb, rb, op), lambda: comm.Iallreduce(sb, rb, op),
-                      init and (lambda: init(sb, rb, op)), direct=direct)
+                      init and (lambda: init(sb, rb, op)))
 
 
 def reduce_scatter_call(comm, buf, red, bounds, scratch) -> NativeCall:

@@ -27,8 +27,9 @@ which has the widest choice of algorithms (shared memory on one node);
 completed from another thread (see _completion.py).
 
 Small synchronous all-reduces (the latency-bound ones: loss averages,
-norms, flags) keep their tensor's numpy view (``_ViewCache``), so that
-mpicoll's own per-array plan cache serves the repeated call.
+norms, flags) call ``mpicoll.allreduce`` on the tensor's numpy view, whose
+decision the communicator keeps by the call's signature (mpicoll's
+plancache.py): a repeated call is served without building a plan.
 
 Deadlines: a ``timeout=`` given to ``init_process_group``/``new_group``
 (anything but torch's 30-minute default, which stands for "none given")
@@ -67,7 +68,6 @@ import torch.distributed as dist
 from mpi4py import MPI
 
 import mpicoll
-from mpicoll import api as _api
 from mpicoll import engine as _engine
 
 from . import _completion
@@ -119,40 +119,6 @@ def op_name(opts_op, dtype: torch.dtype) -> str:
     except KeyError:
         raise ValueError(f"mpicoll backend: reduce op {red} is not supported for {dtype}; "
                          f"supported: {', '.join(sorted(table.values()))}") from None
-
-
-class _ViewCache:
-    """The numpy views of recently all-reduced small tensors, by tensor.
-
-    ``t.numpy()`` makes a new array object on every call, and mpicoll's
-    small-message plan cache is keyed by array identity: without this, every
-    ``dist.all_reduce`` of the same small tensor would rebuild its plan
-    (~20 us at p=2 against ~5 us for the cached call). An entry keeps its
-    tensor alive, so its id cannot be reused by another tensor while the
-    entry exists; what can change in place (storage, shape, dtype, strides:
-    ``t.data = ...``, ``resize_``, ``set_``) is compared on every hit.
-    At most ``SIZE`` tensors of at most ``MAX_BYTES`` each are kept."""
-
-    MAX_BYTES = _api.CACHE_MAX_BYTES  # larger calls are not plan-cached anyway
-    SIZE = 32
-
-    def __init__(self):
-        self._views = {}
-
-    def get(self, t: torch.Tensor):
-        """(numpy view, dtype= argument) of contiguous CPU tensor ``t``, or None
-        when ``t`` is not one to cache."""
-        e = self._views.get(id(t))
-        if e is not None and e[0] is t and t.data_ptr() == e[1] and t.dtype is e[2] and t.shape == e[3] \
-                and t.is_contiguous():
-            return e[4], e[5]
-        if not (t.is_cpu and t.is_contiguous()) or t.requires_grad or t.numel() * t.element_size() > self.MAX_BYTES:
-            return None
-        arr, dt = reducible(t)
-        if len(self._views) >= self.SIZE:
-            self._views.clear()
-        self._views[id(t)] = (t, t.data_ptr(), t.dtype, t.shape, arr, dt)
-        return arr, dt
 
 
 # ---- work ---------------------------------------------------------------------
@@ -398,7 +364,6 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
                                **({"timeout": timeout} if timeout is not None else {}))
                     for name in ("allreduce", "bcast", "allgather", "reduce_scatter", "reduce", "gather", "scatter",
                                  "alltoallv")}
-        self._views = _ViewCache()
         self._group_name = None
 
     # -- names (the functional collectives resolve groups by name) --
@@ -447,9 +412,10 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
         if not opts.asyncOp and len(tensors) == 1 and self.timeout is None:
             # The latency-bound case: one small tensor, waited for at once.
             t = tensors[0]
-            view = self._views.get(t)
-            if view is not None:
-                arr, dt = view
+            if t.is_cpu and t.is_contiguous() and not t.requires_grad:
+                # A new numpy view on every call: mpicoll keeps the decision
+                # by the call's signature, not by the array (plancache.py).
+                arr, dt = reducible(t)
                 op = op_name(opts.reduceOp, t.dtype)
                 # dtype= only where needed: mpicoll's cached short path is
                 # quickest with no keyword options at all.

@@ -1,0 +1,113 @@
+"""Kept plans: one bounded cache per communicator, keyed by the call's signature.
+
+Building a plan from a call's arguments costs 10-70 us of Python (argument
+checks, the decision, the algorithm's set-up), several times what the MPI
+library needs for a short message. Most programs make the same few calls
+again and again - usually on *new* arrays of the same shape (a solver's dot
+product, ``mpicoll.allreduce(np.full(n, v))``, a torch tensor's fresh numpy
+view) - so each communicator's state (``comm.CommState.plans``) keeps what
+a call decided, keyed by everything the decision depends on: the
+collective, shape, dtype, op, root, algorithm asked for and whether the call
+is in place. Never by the arrays' identity: a hit binds the call's own
+buffers, so a cached entry keeps no user array alive or exported, and a new
+array that happens to reuse a freed one's address can never be confused
+with it.
+
+An entry is a ``Kept`` object: called with the new buffers it checks the
+few facts the key does not pin down (contiguity, alignment, writability,
+overlap) and runs the call, or returns ``MISS`` when the full path must
+decide (which also raises the usual errors). Today the kept calls are the
+MPI library's own collectives (what ``auto`` picks for short messages) and
+the one-rank copies; other algorithms go through the full plan path (their
+plans close over the buffers they were built for).
+
+Entries are dropped least-recently-used first, ``SIZE`` per communicator,
+and also depend on the ``MPICOLL_*`` environment: each remembers the raw
+values it was decided under (``env_key``) and a change makes it miss (three
+dictionary look-ups per call; the full path then validates the new values).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from . import _env
+
+# Calls a program cycles through (layers of a model, fields of a solver):
+# large enough for the common rotations, small enough that a lookup stays a
+# dictionary hit. Evicted least-recently-used, never cleared wholesale.
+SIZE = 128
+
+# Marks a call the kept entry cannot serve (None is a valid result: a
+# reduce's non-root ranks return None).
+MISS = object()
+
+_ENV_KEYS = ("MPICOLL_ALGORITHM", "MPICOLL_CHECK", "MPICOLL_TIMEOUT")
+
+
+def env_key():
+    """The raw values of the environment a decision depends on, compared by
+    identity: ``os.environ`` stores a new object for every assignment."""
+    data = _env._DATA
+    if data is None:  # pragma: no cover - not CPython on POSIX: never equal, so never a hit
+        return (object(),)
+    keys = _env._keys
+    out = []
+    for name in _ENV_KEYS:
+        k = keys.get(name)
+        if k is None:
+            _env.get(name)  # fills _env._keys
+            k = keys[name]
+        out.append(data.get(k))
+    return tuple(out)
+
+
+def env_unchanged(kept) -> bool:
+    data = _env._DATA
+    k1, k2, k3 = kept.env_keys
+    e = kept.env
+    return data is not None and data.get(k1) is e[0] and data.get(k2) is e[1] and data.get(k3) is e[2]
+
+
+class PlanCache:
+    """Least-recently-used map of signature -> Kept, bounded to ``size``."""
+
+    __slots__ = ("_d", "size")
+
+    def __init__(self, size: int = SIZE):
+        self._d = OrderedDict()
+        self.size = size
+
+    def get(self, key):
+        e = self._d.get(key)
+        if e is not None:
+            self._d.move_to_end(key)
+        return e
+
+    def put(self, key, kept) -> None:
+        d = self._d
+        d[key] = kept
+        d.move_to_end(key)
+        while len(d) > self.size:
+            d.popitem(last=False)
+
+    def clear(self) -> None:
+        self._d.clear()
+
+    def __len__(self):
+        return len(self._d)
+
+    def __contains__(self, key):
+        return key in self._d
+
+
+class Kept:
+    """What a hit needs: the communicator's state and the environment it
+    was decided under. Subclasses (per collective, in plan.py) implement
+    ``__call__(*buffers)`` returning the result or MISS."""
+
+    __slots__ = ("st", "env", "env_keys")
+
+    def __init__(self, st):
+        self.st = st
+        self.env = env_key()
+        self.env_keys = tuple(_env._keys[n] for n in _ENV_KEYS) if _env._DATA is not None else (None,) * 3

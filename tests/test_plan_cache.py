@@ -1,0 +1,152 @@
+"""The per-communicator plan cache (mpicoll/plancache.py): a repeated call
+of one signature - on the same arrays or on new ones - is served by the
+kept decision without building a plan, gives the same results as the full
+path, keeps no user array alive or exported, and falls back to the full
+path (with its errors) whenever the kept call cannot serve it exactly."""
+from __future__ import annotations
+
+import gc
+import weakref
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpicoll
+from mpicoll import api, plancache
+from mpicoll import plan as _plan
+from mpicoll.comm import state
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.fixture
+def comm():
+    c = MPI.COMM_WORLD.Dup()
+    yield c
+    c.Free()
+
+
+@pytest.fixture
+def builds(monkeypatch):
+    """Counts of full-path plan builds per collective."""
+    counts = {}
+    for name in ("allreduce", "bcast", "reduce", "allgather"):
+        real = getattr(_plan, name)
+
+        def counting(*args, _real=real, _name=name, **kw):
+            counts[_name] = counts.get(_name, 0) + 1
+            return _real(*args, **kw)
+        monkeypatch.setattr(_plan, name, counting)
+    return counts
+
+
+def test_new_arrays_hit_the_kept_plan(comm, builds):
+    p, r = comm.size, comm.rank
+    for i in range(5):
+        x = np.full(7, r + i, np.float64)
+        np.testing.assert_array_equal(mpicoll.allreduce(x, comm=comm), np.full(7, p * (p - 1) / 2 + p * i))
+        # (integers: the MPI library's own MAX/MIN; for floats mpicoll's NaN
+        # rule decides, with its own algorithms)
+        out = np.empty(7, np.int64)
+        assert mpicoll.allreduce(x.astype(np.int64), "max", comm=comm, out=out) is out
+        assert (out == p - 1 + i).all()
+        y = x.astype(np.int64)
+        assert mpicoll.allreduce(y, "min", comm=comm, out=y) is y and (y == i).all()
+        b = np.arange(5, dtype=np.int32) * (i + 1) if r == 0 else np.zeros(5, np.int32)
+        mpicoll.bcast(b, comm=comm)
+        assert (b == np.arange(5) * (i + 1)).all()
+        got = mpicoll.reduce(np.full(3, r + 1, np.int64), "sum", root=p - 1, comm=comm)
+        if r == p - 1:
+            assert (got == p * (p + 1) // 2).all()
+        else:
+            assert got is None
+        rows = mpicoll.allgather(np.full((2, 2), r + i, np.int16), comm=comm)
+        assert rows.shape == (p, 2, 2) and all((rows[k] == k + i).all() for k in range(p))
+    # One full build per signature, then hits (the MPI library's algorithm
+    # is what "auto" picks for these sizes, or a copy on one rank).
+    assert builds == {"allreduce": 3, "bcast": 1, "reduce": 1, "allgather": 1}, builds
+
+
+def test_kept_plans_keep_no_array_alive(comm):
+    x = np.ones(16, np.float32)
+    out = np.empty_like(x)
+    mpicoll.allreduce(x, comm=comm, out=out)
+    mpicoll.allreduce(x, comm=comm, out=out)
+    ref = weakref.ref(x)
+    out.resize(32, refcheck=False)  # not exported: numpy refuses to resize an exported array
+    del x
+    gc.collect()
+    assert ref() is None
+
+
+def test_lru_bound_and_order(comm, monkeypatch):
+    st = state(comm)
+    monkeypatch.setattr(st.plans, "size", 8)
+    for n in range(1, 21):
+        mpicoll.allreduce(np.ones(n), comm=comm)
+    assert len(st.plans) == 8
+    keys = [("allreduce", (n,), np.dtype(np.float64), "sum", "auto", 0) for n in range(1, 21)]
+    assert [k in st.plans for k in keys] == [False] * 12 + [True] * 8
+    mpicoll.allreduce(np.ones(13), comm=comm)  # used again: now the most recent
+    mpicoll.allreduce(np.ones(99), comm=comm)  # evicts the least recently used, 14
+    assert keys[12] in st.plans and keys[13] not in st.plans
+
+
+def test_layouts_a_kept_call_cannot_serve_take_the_full_path(comm):
+    p, r = comm.size, comm.rank
+    x = np.full(8, r + 1.0)
+    mpicoll.allreduce(x, comm=comm, out=np.empty(8))  # kept: 8 float64, another out
+    strided = np.full(16, r + 1.0)[::2]
+    np.testing.assert_array_equal(mpicoll.allreduce(strided, comm=comm, out=np.empty(8)),
+                                  np.full(8, p * (p + 1) / 2))
+    ro = np.empty(8)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        mpicoll.allreduce(x, comm=comm, out=ro)
+    big = np.zeros(12)
+    with pytest.raises(ValueError, match="overlap"):
+        mpicoll.allreduce(big[:8], comm=comm, out=big[4:])
+    same = np.full(8, r + 1.0)
+    view = same[:]  # another object over the same memory: in place
+    np.testing.assert_array_equal(mpicoll.allreduce(same, comm=comm, out=view), np.full(8, p * (p + 1) / 2))
+    mpicoll.allreduce(x, comm=comm, out=np.empty(8))  # still fine afterwards
+
+
+def test_a_changed_environment_is_seen(comm, monkeypatch):
+    x = np.ones(4)
+    mpicoll.allreduce(x, comm=comm)
+    mpicoll.allreduce(x, comm=comm)
+    monkeypatch.setenv("MPICOLL_ALGORITHM", "nonsense")
+    with pytest.raises(ValueError, match="MPICOLL_ALGORITHM"):
+        mpicoll.allreduce(x, comm=comm)
+    monkeypatch.setenv("MPICOLL_ALGORITHM", "ring")
+    np.testing.assert_array_equal(mpicoll.allreduce(x, comm=comm), np.full(4, comm.size))
+
+
+def test_dropin_allreduce_hits_with_new_arrays(comm, builds):
+    mc = mpicoll.Comm(comm)
+    for i in range(4):
+        s = np.full((3, 2), comm.rank + i, np.int32)
+        rbuf = np.empty((3, 2), np.int32)
+        mc.Allreduce(s, rbuf, MPI.SUM)
+        assert (rbuf == comm.size * (comm.size - 1) // 2 + comm.size * i).all()
+        mc.Allreduce(MPI.IN_PLACE, s, MPI.MAX)
+        assert (s == comm.size - 1 + i).all()
+    assert builds["allreduce"] == 2, builds
+
+
+def test_freed_communicator_does_not_reuse_kept_plans():
+    for i in range(3):
+        c = MPI.COMM_WORLD.Dup()
+        x = np.full(5, float(i))
+        np.testing.assert_array_equal(mpicoll.allreduce(x, comm=c), np.full(5, i * c.size))
+        st = state(c)
+        assert len(st.plans) == 1
+        c.Free()
+        assert st.freed and len(st.plans) == 0
+
+
+def test_miss_marker_is_not_none():
+    # reduce's non-root ranks return None from a hit: the marker must differ.
+    assert plancache.MISS is not None and api._MISS is plancache.MISS
