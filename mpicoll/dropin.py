@@ -183,6 +183,10 @@ def _root_arg(root, size: int) -> bool:
 
 # ---- the fast path: plain C-contiguous numpy arrays ------------------------------
 
+# numpy kinds whose arrays mpi4py's buffer parsing takes as they are
+# (booleans, integers, floats, complex): the data-movement fast paths.
+_PLAIN_KINDS = frozenset("biufc")
+
 def _fast_tables():
     """numpy dtype -> mpicoll DType, for the dtypes whose buffer format mpi4py
     maps to a datatype with a kernel (uint8 is MPI.BYTE there: not included),
@@ -471,6 +475,14 @@ class Comm(MPI.Intracomm):
         return self._bcast(buf, root, algorithm, "init", info)
 
     def _bcast(self, buf, root, algorithm, mode, info=MPI.INFO_NULL):
+        if mode == "run" and type(buf) is np.ndarray and type(root) is int and buf.dtype.kind in _PLAIN_KINDS:
+            fl = buf.flags
+            if fl.c_contiguous and fl.writeable and 0 <= root < self.Get_size():
+                # A plain array: mpicoll.bcast's own door, whose kept plan
+                # serves a repeated signature without parsing (plancache.py).
+                _served("Bcast", mode)
+                _api.bcast(buf, root, comm=self, algorithm=algorithm)
+                return None
         try:
             if not _root_arg(root, self.Get_size()):
                 raise _Native("a root mpi4py or MPI refuses")
@@ -494,6 +506,16 @@ class Comm(MPI.Intracomm):
         return self._allgather(sendbuf, recvbuf, algorithm, "init", info)
 
     def _allgather(self, sendbuf, recvbuf, algorithm, mode, info=MPI.INFO_NULL):
+        if mode == "run" and type(sendbuf) is np.ndarray and type(recvbuf) is np.ndarray \
+                and sendbuf.dtype == recvbuf.dtype and sendbuf.dtype.kind in _PLAIN_KINDS:
+            p = self.Get_size()
+            fs, fr = sendbuf.flags, recvbuf.flags
+            if recvbuf.size == p * sendbuf.size and fs.c_contiguous and fr.c_contiguous and fr.writeable \
+                    and not np.may_share_memory(sendbuf, recvbuf):
+                # Plain arrays: mpicoll.allgather's own door (kept plans, as in _bcast).
+                _served("Allgather", mode)
+                _api.allgather(sendbuf, comm=self, out=recvbuf.reshape((p,) + sendbuf.shape), algorithm=algorithm)
+                return None
         try:
             p, rank = self.Get_size(), self.Get_rank()
             r = parse(recvbuf, writable=True, blocks=p)

@@ -133,7 +133,13 @@ def test_dropin_allreduce_hits_with_new_arrays(comm, builds):
         assert (rbuf == comm.size * (comm.size - 1) // 2 + comm.size * i).all()
         mc.Allreduce(MPI.IN_PLACE, s, MPI.MAX)
         assert (s == comm.size - 1 + i).all()
-    assert builds["allreduce"] == 2, builds
+        b = np.full(4, i if comm.rank == 0 else -1, np.float32)
+        mc.Bcast(b, 0)
+        assert (b == i).all()
+        rows = np.empty(2 * comm.size, np.int64)
+        mc.Allgather(np.array([comm.rank, i], np.int64), rows)
+        assert (rows.reshape(-1, 2) == [[k, i] for k in range(comm.size)]).all()
+    assert builds == {"allreduce": 2, "bcast": 1, "allgather": 1}, builds
 
 
 def test_freed_communicator_does_not_reuse_kept_plans():
