@@ -218,6 +218,19 @@ def iallreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", dtype=None
     """Start an all-reduce; returns an ``mpicoll.Request`` (``wait()`` returns
     the result). Same arguments as ``allreduce``; every algorithm name works.
     Do not touch ``x`` or ``out`` before the request completes."""
+    o = _opkey(op)
+    if type(x) is np.ndarray and o is not None and type(algorithm) is str and dtype is None \
+            and compression is None and reproducible is False and check is None and timeout is None:
+        # allreduce's signature and kept decision (the same for both forms)
+        key = ("allreduce", x.shape, x.dtype, o, algorithm, _mode(x, out))
+        k = _kept(comm, key)
+        if k is not None:
+            plan = k.bind(x, out)
+            if plan is not _MISS:
+                return plan.start()
+        plan = _plan.allreduce(x, op, comm=comm, out=out, algorithm=algorithm, nonblocking=True)
+        _keep(plan, key, key[-1])
+        return plan.start()
     return _plan.allreduce(x, op, comm=comm, out=out, algorithm=algorithm, dtype=dtype, compression=compression,
                            reproducible=reproducible, check=check, timeout=timeout, nonblocking=True).start()
 

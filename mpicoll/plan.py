@@ -378,7 +378,7 @@ def _allreduce(x, op, comm, out, algorithm, dtype, compression, reproducible, ch
         plan = Plan(st, "allreduce", name, flat.nbytes, result, None, prologue=copy,
                     finish=_then(_finish(st, red, flat), unstage), timeout=timeout, stage=stage)
         if stage is None and unstage is None and flat.dtype == arr.dtype:
-            plan.kept = KeptAllreduce(st, None, None, None)
+            plan.kept = KeptAllreduce(st, name, None, _NO_KNOBS, red, False)
         return plan
     if reproducible:
         from .algorithms import reproducible as _rep
@@ -405,9 +405,8 @@ def _allreduce(x, op, comm, out, algorithm, dtype, compression, reproducible, ch
                 finish=_then(_finish(st, red, flat), unstage), timeout=timeout, stage=stage)
     if entry.native is not None:
         plan.native = entry.native(st.comm, flat, red, src)
-        if timeout is None and stage is None and unstage is None and flat.dtype == arr.dtype:
-            datatype, mop = _mpi._typed(red)
-            plan.kept = KeptAllreduce(st, datatype, mop, red if red.op.average else None)
+    if timeout is None and stage is None and unstage is None and flat.dtype == arr.dtype:
+        plan.kept = KeptAllreduce(st, name, entry, knobs, red, entry.native is not None)
     return _blocking_pool(plan, nonblocking)
 
 
@@ -1026,41 +1025,77 @@ def _writable_out(out, x) -> bool:
 
 
 class KeptAllreduce(_Kept):
-    """allreduce: MPI_Allreduce on the call's arrays (or, on one rank, a copy).
+    """allreduce: the decision (algorithm, knobs, Reduction) replayed on the
+    call's arrays. The MPI library's algorithm is called straight away
+    (``datatype``/``op`` set), one rank copies, any other algorithm gets a
+    plan bound to the call's arrays (``bind``: its schedule over them).
     ``mode``: 0 no out, 1 out is x, 2 another out (set by the front door)."""
 
-    __slots__ = ("datatype", "op", "avg", "mode")
+    __slots__ = ("name", "entry", "knobs", "red", "datatype", "op", "mode")
 
-    def __init__(self, st, datatype, op, avg):
+    def __init__(self, st, name, entry, knobs, red, native):
         super().__init__(st)
-        self.datatype, self.op, self.avg, self.mode = datatype, op, avg, 0
+        self.name, self.entry, self.knobs, self.red, self.mode = name, entry, knobs, red, 0
+        self.datatype, self.op = _mpi._typed(red) if native else (None, None)
 
-    def __call__(self, x, out):
-        st = self.st
-        if st.freed or not _plain(x) or not _env_unchanged(self):
+    def _out(self, x, out):
+        """The result array for this call, or MISS."""
+        if self.st.freed or not _plain(x) or not _env_unchanged(self):
             return _MISS
         mode = self.mode
         if mode == 0:
-            out = np.empty(x.shape, x.dtype)
-        elif mode == 1:
-            if not x.flags.writeable:
-                return _MISS
-        elif not _writable_out(out, x):
-            return _MISS
-        if self.datatype is None:  # one rank
-            if mode != 1:
+            return np.empty(x.shape, x.dtype)
+        if mode == 1:
+            return x if x.flags.writeable else _MISS
+        return out if _writable_out(out, x) else _MISS
+
+    def __call__(self, x, out):
+        out = self._out(x, out)
+        if out is _MISS:
+            return out
+        st = self.st
+        if st.size == 1:
+            if out is not x:
                 out[...] = x
             return out
+        if self.datatype is None:
+            return self._plan(x, out, st.pool).run()
         enter(st)
         try:
             st.seq += 1
             dt = self.datatype
-            st.comm.Allreduce(MPI.IN_PLACE if mode == 1 else [x, dt], [out, dt], self.op)
-            if self.avg is not None:
-                self.avg.finish(out.reshape(-1), st.size)
+            st.comm.Allreduce(MPI.IN_PLACE if out is x else [x, dt], [out, dt], self.op)
+            if self.red.op.average:
+                self.red.finish(out.reshape(-1), st.size)
         finally:
             st.busy.release()
         return out
+
+    def bind(self, x, out):
+        """A nonblocking plan of this decision over the call's arrays, or MISS."""
+        out = self._out(x, out)
+        return out if out is _MISS else self._plan(x, out, None)
+
+    def _plan(self, x, out, pool):
+        st, red = self.st, self.red
+        flat = out.reshape(-1)
+        src = None if out is x else x.reshape(-1)
+        if st.size == 1:
+            def copy():
+                if src is not None:
+                    flat[...] = src
+            return Plan(st, "allreduce", self.name, flat.nbytes, out, None, prologue=copy)
+        entry, knobs = self.entry, self.knobs
+        if entry.prepare is not None:  # as the full path does at every call (window sizes)
+            entry.prepare(st, flat, **knobs)
+        sched = entry.schedule
+        plan = Plan(st, "allreduce", self.name, flat.nbytes, out,
+                    (lambda ctx: sched(ctx, flat, red, src, **knobs)) if knobs else
+                    (lambda ctx: sched(ctx, flat, red, src)), finish=_finish(st, red, flat))
+        if entry.native is not None:
+            plan.native = entry.native(st.comm, flat, red, src)
+        plan.pool = pool
+        return plan
 
 
 class KeptBcast(_Kept):

@@ -156,3 +156,19 @@ def test_freed_communicator_does_not_reuse_kept_plans():
 def test_miss_marker_is_not_none():
     # reduce's non-root ranks return None from a hit: the marker must differ.
     assert plancache.MISS is not None and api._MISS is plancache.MISS
+
+
+@pytest.mark.parametrize("algorithm", ["auto", "ring", "recursive_doubling", "tree", "rabenseifner"])
+def test_every_algorithm_and_form_hits_with_new_arrays(comm, builds, algorithm):
+    p, r = comm.size, comm.rank
+    for i in range(4):
+        for n in (0, 1, 7, 1000):
+            x = np.arange(n, dtype=np.float32) + r + i
+            want = np.arange(n, dtype=np.float32) * p + p * (p - 1) / 2 + p * i
+            np.testing.assert_array_equal(mpicoll.allreduce(x, comm=comm, algorithm=algorithm), want)
+            np.testing.assert_array_equal(mpicoll.iallreduce(x, comm=comm, algorithm=algorithm).wait(), want)
+            y = x.copy()
+            assert mpicoll.iallreduce(y, "avg", comm=comm, out=y, algorithm=algorithm).wait() is y
+            np.testing.assert_allclose(y, want / p, rtol=1e-6)
+    # one build per signature (n, op, in place or not), shared by both forms
+    assert builds["allreduce"] == 8, builds
