@@ -12,7 +12,8 @@ in recursive doubling, computed by both partners from the same operands in
 the same order).
 
 Short collectives are latency-bound (solvers' dot products and norms are
-8-256 bytes), so ``allreduce``, ``bcast``, ``reduce`` and ``allgather`` file
+8-256 bytes), so ``allreduce`` (and ``iallreduce``), ``bcast``, ``reduce``, ``allgather``,
+``scatter``, ``gather`` and ``alltoall`` file
 what a call decided in the communicator's plan cache under the call's
 signature (plancache.py): a repeated call, on the same arrays or on new ones
 of the same shape, re-checks only what the signature does not pin down and
@@ -345,6 +346,18 @@ def scatter(x, root=0, *, comm=None, out=None, counts=None, algorithm="auto", ch
     contents are not read) or ``x=None`` and ``out``. On root, ``out`` may be
     row ``root`` of ``x`` itself (in place). Returns this rank's block.
     """
+    if counts is None and check is None and timeout is None and type(algorithm) is str and type(root) is int \
+            and (type(x) is np.ndarray or x is None and type(out) is np.ndarray):
+        a = x if x is not None else out
+        key = ("scatter", None if x is None else x.shape, a.dtype, None if out is None else out.shape, root, algorithm)
+        k = _kept(comm, key)
+        if k is not None:
+            res = k(x, out)
+            if res is not _MISS:
+                return res
+        plan = _plan.scatter(x, root, comm=comm, out=out, algorithm=algorithm)
+        _keep(plan, key)
+        return plan.run()
     return _plan.scatter(x, root, comm=comm, out=out, counts=counts, algorithm=algorithm, check=check,
                          timeout=timeout).run()
 
@@ -354,6 +367,17 @@ def gather(x, root=0, *, comm=None, out=None, counts=None, algorithm="auto", che
     rank i), or with ``counts`` the flat concatenation. ``x`` may be root's
     own row/block of ``out`` (in place). Returns the result on root, None elsewhere.
     """
+    if counts is None and check is None and timeout is None and type(x) is np.ndarray and type(algorithm) is str \
+            and type(root) is int:
+        key = ("gather", x.shape, x.dtype, root, algorithm, out is not None)
+        k = _kept(comm, key)
+        if k is not None:
+            res = k(x, out)
+            if res is not _MISS:
+                return res
+        plan = _plan.gather(x, root, comm=comm, out=out, algorithm=algorithm)
+        _keep(plan, key)
+        return plan.run()
     return _plan.gather(x, root, comm=comm, out=out, counts=counts, algorithm=algorithm, check=check,
                         timeout=timeout).run()
 
@@ -369,6 +393,16 @@ def allgatherv(x, counts, *, comm=None, out=None, algorithm="auto", check=None, 
 def alltoall(x, *, comm=None, out=None, algorithm="auto", check=None, timeout=None):
     """Row j of ``x`` (shape ``(p,) + s``) goes to rank j; row i of the result
     came from rank i. ``out=x`` works in place."""
+    if check is None and timeout is None and type(x) is np.ndarray and type(algorithm) is str:
+        key = ("alltoall", x.shape, x.dtype, algorithm, _mode(x, out))
+        k = _kept(comm, key)
+        if k is not None:
+            res = k(x, out)
+            if res is not _MISS:
+                return res
+        plan = _plan.alltoall(x, comm=comm, out=out, algorithm=algorithm)
+        _keep(plan, key, key[-1])
+        return plan.run()
     return _plan.alltoall(x, comm=comm, out=out, algorithm=algorithm, check=check, timeout=timeout).run()
 
 

@@ -547,6 +547,29 @@ def _allgather_plan(comm, flat, mine, rank, p, algorithm, in_place, block, nonbl
 # ---- scatter, gather, allgatherv, alltoall, alltoallv ----------------------------
 # Added to Comm below (one method per collective and mode, like the others).
 
+def _plain_rooted(comm, full, block, root, recv_side):
+    """Scatter/Gather's fast path over plain numpy arrays: ``block`` is this
+    rank's block (the receive buffer of Scatter, the send buffer of Gather),
+    ``full`` root's whole buffer (ignored elsewhere, as mpi4py does). Returns
+    ``full`` shaped ``(p,) + block.shape`` on root and None elsewhere, or
+    False when the call needs the general parsing."""
+    if type(block) is not np.ndarray or type(root) is not int or block.dtype.kind not in _PLAIN_KINDS:
+        return False
+    fb = block.flags
+    if not fb.c_contiguous or recv_side and not fb.writeable:
+        return False
+    p = comm.Get_size()
+    if not 0 <= root < p:
+        return False
+    if comm.Get_rank() != root:
+        return None
+    if type(full) is not np.ndarray or full.dtype != block.dtype or full.size != p * block.size:
+        return False
+    ff = full.flags
+    if not ff.c_contiguous or not recv_side and not ff.writeable or np.may_share_memory(full, block):
+        return False
+    return full.reshape((p,) + block.shape)
+
 def _family_name(collective: str, algorithm) -> str:
     return _plan.requested(collective, algorithm, _plan.env_settings()[0])
 
@@ -598,6 +621,12 @@ class _FamilyMethods:
 
     def _scatter(self, which, sendbuf, recvbuf, root, algorithm, mode, info=MPI.INFO_NULL):
         v = which == "Scatterv"
+        if not v and mode == "run":
+            x = _plain_rooted(self, sendbuf, recvbuf, root, recv_side=True)
+            if x is not False:  # plain arrays: mpicoll.scatter's own door (kept plans)
+                _served(which, mode)
+                _api.scatter(x, root, comm=self, out=recvbuf, algorithm=algorithm)
+                return None
         try:
             if not _root_arg(root, self.Get_size()):
                 raise _Native("a root mpi4py or MPI refuses")
@@ -652,6 +681,12 @@ class _FamilyMethods:
 
     def _gather(self, which, sendbuf, recvbuf, root, algorithm, mode, info=MPI.INFO_NULL):
         v = which == "Gatherv"
+        if not v and mode == "run":
+            out = _plain_rooted(self, recvbuf, sendbuf, root, recv_side=False)
+            if out is not False:  # plain arrays: mpicoll.gather's own door (kept plans)
+                _served(which, mode)
+                _api.gather(sendbuf, root, comm=self, out=out, algorithm=algorithm)
+                return None
         try:
             if not _root_arg(root, self.Get_size()):
                 raise _Native("a root mpi4py or MPI refuses")
@@ -734,6 +769,17 @@ class _FamilyMethods:
 
     def _alltoall(self, which, sendbuf, recvbuf, algorithm, mode, info=MPI.INFO_NULL):
         v = which == "Alltoallv"
+        if not v and mode == "run" and type(sendbuf) is np.ndarray and type(recvbuf) is np.ndarray \
+                and sendbuf.dtype == recvbuf.dtype and sendbuf.dtype.kind in _PLAIN_KINDS:
+            p = self.Get_size()
+            fs, fr = sendbuf.flags, recvbuf.flags
+            if sendbuf.size == recvbuf.size and sendbuf.size % p == 0 and fs.c_contiguous and fr.c_contiguous \
+                    and fr.writeable and not np.may_share_memory(sendbuf, recvbuf):
+                # plain arrays: mpicoll.alltoall's own door (kept plans)
+                _served(which, mode)
+                shape = (p, sendbuf.size // p)
+                _api.alltoall(sendbuf.reshape(shape), comm=self, out=recvbuf.reshape(shape), algorithm=algorithm)
+                return None
         try:
             p = self.Get_size()
             s = None

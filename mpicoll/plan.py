@@ -875,9 +875,12 @@ def scatter(x, root=0, *, comm=None, out=None, counts=None, algorithm="auto", ch
         buf = mine
     sig = dict(count=cnts[0] if counts is None else -1, dtype=dtype.str, root=root,
                counts=None if counts is None else cnts)
-    return _staged(family_plan(st, "scatter", name, entry, knobs, bounds[-1][1], result, (buf, bounds, root),
+    plan = _staged(family_plan(st, "scatter", name, entry, knobs, bounds[-1][1], result, (buf, bounds, root),
                                prologue=copy, timeout=timeout, check_on=check_on, sig=sig, nonblocking=nonblocking),
                    stage if is_root else None)
+    if counts is None and plan.stage is None:
+        plan.kept = _kept_rooted(KeptScatter, plan, root, bounds)
+    return plan
 
 
 def gather(x, root=0, *, comm=None, out=None, counts=None, algorithm="auto", check=None, timeout=None,
@@ -911,9 +914,12 @@ def gather(x, root=0, *, comm=None, out=None, counts=None, algorithm="auto", che
         buf = mine
     sig = dict(count=cnts[0] if counts is None else -1, dtype=arr.dtype.str, root=root,
                counts=None if counts is None else cnts)
-    return _staged(family_plan(st, "gather", name, entry, knobs, bounds[-1][1], result, (buf, bounds, root),
+    plan = _staged(family_plan(st, "gather", name, entry, knobs, bounds[-1][1], result, (buf, bounds, root),
                                prologue=copy, timeout=timeout, check_on=check_on, sig=sig, nonblocking=nonblocking),
                    stage)
+    if counts is None and stage is None:
+        plan.kept = _kept_rooted(KeptGather, plan, root, bounds)
+    return plan
 
 
 def allgatherv(x, counts, *, comm=None, out=None, algorithm="auto", check=None, timeout=None, knobs=None,
@@ -975,9 +981,13 @@ def alltoall(x, *, comm=None, out=None, algorithm="auto", check=None, timeout=No
         raise ValueError(f"mpicoll: alltoall's x must have shape (p, ...) = ({p}, ...), not {arr.shape}")
     result = buffers.output(out, arr.shape, arr.dtype)
     block = arr.size // p
-    return _staged(_alltoall_plan("alltoall", comm, arr, result, [block] * p, [block] * p, name, entry, knobs,
+    plan = _staged(_alltoall_plan("alltoall", comm, arr, result, [block] * p, [block] * p, name, entry, knobs,
                                   check_on, timeout, dict(count=block, dtype=arr.dtype.str), nonblocking, arr.nbytes),
                    stage)
+    st = plan.st
+    if stage is None and plan.timeout is None and (plan.native is not None or plan.schedule is None):
+        plan.kept = KeptAlltoall(st, block * arr.dtype.itemsize, plan.schedule is not None)
+    return plan
 
 
 def alltoallv(x, sendcounts, recvcounts, *, comm=None, out=None, algorithm="auto", check=None, timeout=None,
@@ -1198,6 +1208,127 @@ class KeptAllgather(_Kept):
             try:
                 st.seq += 1
                 st.comm.Allgatherv(MPI.IN_PLACE, [out, self.spec, MPI.BYTE])
+            finally:
+                st.busy.release()
+        return out
+
+
+def _kept_rooted(cls, plan, root, bounds):
+    """The kept scatter/gather of ``plan``: the MPI library's call (or
+    nothing to send: one rank, empty blocks), without a deadline."""
+    if plan.timeout is not None or not (plan.native is not None or plan.schedule is None):
+        return None
+    return cls(plan.st, root, [b - a for a, b in bounds], [a for a, _ in bounds], plan.schedule is not None)
+
+
+class _KeptRooted(_Kept):
+    """scatter/gather's kept call: byte counts and displacements of the
+    equal blocks, ``call`` False when there is nothing to exchange."""
+
+    __slots__ = ("root", "spec", "call", "mode")
+
+    def __init__(self, st, root, counts, displs, call):
+        super().__init__(st)
+        self.root, self.spec, self.call, self.mode = root, (counts, displs), call, 0
+
+
+class KeptScatter(_KeptRooted):
+    """scatter (equal blocks): root places its own row, then MPI_Scatterv as
+    the full path calls it. Root's x is ``(p,) + s``; another rank's x may be
+    None (then ``out`` gives the shape) and is not read."""
+
+    def __call__(self, x, out):
+        st = self.st
+        if st.freed or not _env_unchanged(self):
+            return _MISS
+        is_root = st.rank == self.root
+        if x is not None and not _plain(x):
+            return _MISS
+        if out is None:
+            if x is None:
+                return _MISS
+            out = np.empty(x.shape[1:], x.dtype)
+        else:
+            fl = out.flags
+            if type(out) is not np.ndarray or not (fl.c_contiguous and fl.aligned and fl.writeable) \
+                    or (x is not None and (out.dtype != x.dtype or out.shape != x.shape[1:]
+                                           or np.may_share_memory(x, out))):
+                return _MISS
+        if is_root:
+            out[...] = x[self.root]
+        if self.call:
+            enter(st)
+            try:
+                st.seq += 1
+                if is_root:
+                    st.comm.Scatterv([x, self.spec, MPI.BYTE], MPI.IN_PLACE, self.root)
+                else:
+                    st.comm.Scatterv(None, [out, MPI.BYTE], self.root)
+            finally:
+                st.busy.release()
+        return out
+
+
+class KeptGather(_KeptRooted):
+    """gather (equal blocks): root places its own row, then MPI_Gatherv as the
+    full path calls it; None off root."""
+
+    def __call__(self, x, out):
+        st = self.st
+        if st.freed or not _plain(x) or not _env_unchanged(self):
+            return _MISS
+        is_root = st.rank == self.root
+        if is_root:
+            shape = (st.size,) + x.shape
+            if out is None:
+                out = np.empty(shape, x.dtype)
+            else:
+                fl = out.flags
+                if type(out) is not np.ndarray or out.shape != shape or out.dtype != x.dtype \
+                        or not (fl.c_contiguous and fl.aligned and fl.writeable) or np.may_share_memory(x, out):
+                    return _MISS
+            out[self.root] = x
+        else:
+            out = None
+        if self.call:
+            enter(st)
+            try:
+                st.seq += 1
+                if is_root:
+                    st.comm.Gatherv(MPI.IN_PLACE, [out, self.spec, MPI.BYTE], self.root)
+                else:
+                    st.comm.Gatherv([x, MPI.BYTE], None, self.root)
+            finally:
+                st.busy.release()
+        return out
+
+
+class KeptAlltoall(_Kept):
+    """alltoall: MPI_Alltoall of equal byte blocks between the call's arrays
+    (out apart from x; one rank copies)."""
+
+    __slots__ = ("block", "call", "mode")
+
+    def __init__(self, st, block, call):
+        super().__init__(st)
+        self.block, self.call, self.mode = block, call, 0
+
+    def __call__(self, x, out):
+        st = self.st
+        if st.freed or not _plain(x) or not _env_unchanged(self):
+            return _MISS
+        if self.mode == 0:
+            out = np.empty(x.shape, x.dtype)
+        elif not _writable_out(out, x):
+            return _MISS
+        if st.size == 1:
+            out[...] = x
+        elif self.call:
+            enter(st)
+            try:
+                st.seq += 1
+                bs = self.block
+                st.comm.Alltoall([x, bs, MPI.BYTE], [out, bs, MPI.BYTE])
             finally:
                 st.busy.release()
         return out

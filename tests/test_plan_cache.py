@@ -31,7 +31,7 @@ def comm():
 def builds(monkeypatch):
     """Counts of full-path plan builds per collective."""
     counts = {}
-    for name in ("allreduce", "bcast", "reduce", "allgather"):
+    for name in ("allreduce", "bcast", "reduce", "allgather", "scatter", "gather", "alltoall"):
         real = getattr(_plan, name)
 
         def counting(*args, _real=real, _name=name, **kw):
@@ -172,3 +172,37 @@ def test_every_algorithm_and_form_hits_with_new_arrays(comm, builds, algorithm):
             np.testing.assert_allclose(y, want / p, rtol=1e-6)
     # one build per signature (n, op, in place or not), shared by both forms
     assert builds["allreduce"] == 8, builds
+
+
+def test_data_movement_doors_hit_with_new_arrays(comm, builds):
+    p, r = comm.size, comm.rank
+    mc = mpicoll.Comm(comm)
+    root = p - 1
+    for i in range(4):
+        full = np.arange(p * 3, dtype=np.int32).reshape(p, 3) + i
+        got = mpicoll.scatter(full if r == root else None, root, comm=comm, out=np.empty(3, np.int32))
+        assert (got == full[r]).all()
+        assert (mpicoll.scatter(full, root, comm=comm) == full[r]).all()
+        g = mpicoll.gather(np.full(2, r + i, np.int64), root, comm=comm)
+        if r == root:
+            assert (g == [[k + i] * 2 for k in range(p)]).all()
+        else:
+            assert g is None
+        send = np.array([[r * 100 + j + i] for j in range(p)], np.float64)
+        assert (mpicoll.alltoall(send, comm=comm) == [[j * 100 + r + i] for j in range(p)]).all()
+        # mpicoll.Comm's methods over plain arrays take the same doors
+        rb = np.empty(3, np.int32)
+        mc.Scatter(full.reshape(-1) if r == root else None, rb, root)
+        assert (rb == full[r]).all()
+        gb = np.empty(2 * p, np.int64) if r == root else None
+        mc.Gather(np.full(2, r + i, np.int64), gb, root)
+        if r == root:
+            assert (gb == np.repeat(np.arange(p) + i, 2)).all()
+        out = np.empty(p, np.float64)
+        mc.Alltoall(send.reshape(-1), out)
+        assert (out == [j * 100 + r + i for j in range(p)]).all()
+    # one build per signature: scatter with and without out; gather with and
+    # without out on root (the others pass no out either way); alltoall
+    # shaped (p, 1) and (p, 1) again from Comm.Alltoall's flat buffers, once
+    # with out and once without
+    assert builds == {"scatter": 2, "gather": 2 if r == root else 1, "alltoall": 2}, builds
