@@ -96,7 +96,7 @@ def short(c: _Cached, x, out, op, comm, algorithm):
     st = c.st
     _plan.enter(st)
     try:
-        st.seq += 1
+        st.next_seq()  # the call's number (under the state's lock)
         rc = fn(*c.args)
         if rc:  # MPI_Allreduce's own error code (mpi4py's call returns None and raises itself)
             _direct.check(rc)

@@ -152,7 +152,17 @@ def enter(st) -> None:
     communicator too. So a second thread on the same communicator is an
     error, said at once rather than found later as a wrong sum (use one
     communicator per thread: ``comm.Dup()``). ``acquire(False)`` is atomic:
-    the check cannot race."""
+    the check cannot race.
+
+    A request's done-callback may not start a collective either: it runs
+    when the request completes, which is a different point of the program
+    on each rank, so the ranks would not call their collectives in the same
+    order (engine.py, the threading contract)."""
+    if engine.in_callback():
+        raise RuntimeError(
+            f"mpicoll: a collective was started from a request's done-callback (rank {st.rank}); callbacks "
+            "run whenever the request completes, at a different point on each rank, so collectives started "
+            "there cannot be matched in order across ranks - start it from the program's own flow (after wait())")
     if not st.busy.acquire(False):
         raise RuntimeError(
             f"mpicoll: another thread is inside a collective on this communicator (rank {st.rank}); mpicoll "
@@ -191,9 +201,8 @@ class Plan:
 
     def _context(self, pool):
         st = self.st
-        seq = st.seq  # next_seq(), inlined: this is the per-call path
-        st.seq = seq + 1
-        return _sched.Context(st, 1 + seq % st.tag_span, pool, (self.collective, self.algorithm, self.nbytes, seq))
+        seq, tag = st.next_seq()
+        return _sched.Context(st, tag, pool, (self.collective, self.algorithm, self.nbytes, seq))
 
     def inputs(self) -> None:
         """What every (re)start does first: refresh a staged input, then the prologue."""
@@ -210,7 +219,7 @@ class Plan:
             self.inputs()
             if self.schedule is not None:
                 if self.native is not None and self.timeout is None:
-                    st.seq += 1  # the call's number, for the flight recorder
+                    st.next_seq()  # the call's number, for the flight recorder
                     self.native.blocking()
                     if self.native.after is not None:
                         self.native.after()
@@ -254,7 +263,7 @@ class Plan:
                     idle.append(pool)
 
         gen = self.schedule(self._context(pool))
-        return engine.start(gen, self.result, finish, deadline, self.nbytes)
+        return engine.start(gen, self.result, finish, deadline, self.nbytes, self.st)
 
 
 def _then(first, second):
@@ -645,7 +654,7 @@ class Persistent:
             enter(st)
             try:
                 plan.inputs()
-                st.seq += 1
+                st.next_seq()
                 self._mpi.Start()
             finally:
                 st.busy.release()
