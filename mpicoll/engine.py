@@ -322,7 +322,7 @@ class NativeRequest(Request):
         return -1
 
     def wait(self):
-        if not self._done:
+        if not self._seen_done():
             _engine.wait_native(self)
         self._raise()
         return self.result

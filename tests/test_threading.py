@@ -272,3 +272,48 @@ def test_switch_interval_restored_to_the_one_in_force():
     finally:
         comm.Barrier()
         sys.setswitchinterval(was)
+
+
+@pytest.mark.parametrize("mode", ["thread", "no-thread"])
+def test_torch_futures_complete_through_the_engine(mode):
+    """The torch backend's futures (collectives, sends and receives) are
+    completed by the engine: mpicoll runs no thread of its own but the
+    progress thread, and none at all when it is turned off."""
+    torch = pytest.importorskip("torch")
+    import torch.distributed as dist
+
+    import mpicoll.torch  # noqa: F401
+
+    comm = MPI.COMM_WORLD
+    p, rank = comm.size, comm.rank
+    if p > 4:
+        pytest.skip("torch tests run at p <= 4")
+    was = engine._engine.enabled
+    engine.set_progress_thread(mode == "thread")
+    dist.init_process_group("mpicoll", init_method="mpi://")
+    try:
+        before = {t.name for t in threading.enumerate()}
+        t = torch.full((1000,), float(rank + 1))
+        fut = dist.all_reduce(t, async_op=True).get_future()
+        if mode == "no-thread":
+            assert fut.done(), "without a progress thread the future is completed at once"
+        fut.wait()
+        assert torch.equal(t, torch.full((1000,), float(p * (p + 1) // 2)))
+        if p > 1:
+            got = torch.zeros(5)
+            right, left = (rank + 1) % p, (rank - 1) % p
+            s = dist.isend(torch.full((5,), float(rank)), right)
+            r = dist.irecv(got, left)
+            r.get_future().wait()
+            s.get_future().wait()
+            assert torch.equal(got, torch.full((5,), float(left)))
+        ours = {t.name for t in threading.enumerate()} - before
+        assert all(name == "mpicoll-progress" for name in ours), ours
+        assert not any(t.name.startswith("mpicoll") and t.name != "mpicoll-progress"
+                       for t in threading.enumerate())
+        if mode == "no-thread":
+            assert "mpicoll-progress" not in ours
+    finally:
+        dist.destroy_process_group()
+        comm.Barrier()
+        engine.set_progress_thread(was)
