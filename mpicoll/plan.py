@@ -247,6 +247,14 @@ class Plan:
             if self.finish is not None:
                 self.finish()
             return engine.Request.completed(self.result)
+        native = self.native
+        if native is not None and self.timeout is None:
+            # The MPI library's own collective: its MPI_I... request is the
+            # whole request (no schedule, context or scratch), and wait()
+            # can block in the library (engine.NativeRequest).
+            self.st.next_seq()
+            return engine.start_native(native.start(), self.result, _then(native.after, self.finish), self.nbytes,
+                                       self.st)
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         finish = self.finish
         if pool is None:
@@ -630,11 +638,12 @@ class Persistent:
     def __init__(self, plan: Plan):
         self._plan = plan
         self._pool = {}
-        self._req = None  # the active engine.Request
+        self._req = None  # the active request (engine.Request, or NativeRequest over _mpi)
         self._mpi = None  # MPI.Prequest of the native persistent collective
         if plan.schedule is not None and plan.native is not None and plan.native.init is not None:
             self._mpi = plan.native.init()
         self._active = False
+        self._seq = -1  # the number of the call in flight (timeout messages)
 
     @property
     def algorithm(self) -> str:
@@ -648,76 +657,56 @@ class Persistent:
         if self._active:
             raise RuntimeError("mpicoll: persistent request started again before it completed (wait() first)")
         plan = self._plan
-        self._active = True
         if self._mpi is not None:
+            # The library's persistent request, started, is the whole request:
+            # the same thin request as a native nonblocking call's (Plan._start).
             st = plan.st
             enter(st)
             try:
                 plan.inputs()
-                st.next_seq()
+                self._seq, _ = st.next_seq()
                 self._mpi.Start()
             finally:
                 st.busy.release()
-            self._deadline = None if plan.timeout is None else time.monotonic() + plan.timeout
+            deadline = None if plan.timeout is None else time.monotonic() + plan.timeout
+            self._req = engine.start_native(self._mpi, plan.result, _then(plan.native.after, plan.finish),
+                                            plan.nbytes, st, deadline, self._expired)
         else:
             self._req = plan.start(self._pool)
+        self._active = True
 
     def wait(self):
         if not self._active:
             return self._plan.result  # MPI: waiting on an inactive persistent request returns at once
-        plan = self._plan
         try:
-            if self._mpi is not None:
-                if plan.timeout is None:
-                    self._mpi.Wait()
-                else:
-                    self._wait_deadline()
-                if plan.native.after is not None:
-                    plan.native.after()
-                if plan.finish is not None:
-                    plan.finish()
-            else:
-                self._req.wait()
+            self._req.wait()
         finally:
             self._active = False
             self._req = None
-        return plan.result
+        return self._plan.result
 
-    def _wait_deadline(self) -> None:
-        while not self._mpi.Test():
-            if time.monotonic() >= self._deadline:
-                st, plan = self._plan.st, self._plan
-                raise _sched.CollectiveTimeout(
-                    f"mpicoll: {plan.collective} timed out on rank {st.rank}: algorithm {plan.algorithm} "
-                    f"(the MPI library's persistent collective), {plan.nbytes} B, call #{st.seq - 1} on this "
-                    "communicator. A rank probably skipped this call, called another collective, or died.",
-                    collective=plan.collective, algorithm=plan.algorithm, step="-", peers=[], nbytes=plan.nbytes,
-                    seq=st.seq - 1, rank=st.rank)
-            time.sleep(0)
+    def _expired(self) -> _sched.CollectiveTimeout:
+        st, plan = self._plan.st, self._plan
+        return _sched.CollectiveTimeout(
+            f"mpicoll: {plan.collective} timed out on rank {st.rank}: algorithm {plan.algorithm} "
+            f"(the MPI library's persistent collective), {plan.nbytes} B, call #{self._seq} on this "
+            "communicator. A rank probably skipped this call, called another collective, or died.",
+            collective=plan.collective, algorithm=plan.algorithm, step="-", peers=[], nbytes=plan.nbytes,
+            seq=self._seq, rank=st.rank)
 
     def test(self) -> bool:
         if not self._active:
             return True
-        if self._mpi is not None:
-            if not self._mpi.Test():
-                if self._plan.timeout is not None and time.monotonic() >= self._deadline:
-                    self._wait_deadline()
+        try:
+            if not self._req.test():
                 return False
-            self._mpi_done()
-            return True
-        if self._req.test():
+        except BaseException:
             self._active = False
             self._req = None
-            return True
-        return False
-
-    def _mpi_done(self) -> None:
-        plan = self._plan
+            raise
         self._active = False
-        if plan.native.after is not None:
-            plan.native.after()
-        if plan.finish is not None:
-            plan.finish()
+        self._req = None
+        return True
 
     def __call__(self):
         self.start()
