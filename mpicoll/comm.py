@@ -102,7 +102,12 @@ class CommState:
         self.extra = {}  # per-algorithm cached state (e.g. node communicators)
         self.plans = PlanCache()  # kept plans of this communicator's calls, by signature (plancache.py)
         self.seq = 0
-        self.freed = False
+        # Guards seq and the pending count: calls, callbacks and the progress
+        # thread may touch them from different threads.
+        self.lock = threading.Lock()
+        self.pending = 0  # nonblocking requests outstanding on the duplicate (hold/release)
+        self.freed = False  # the user's communicator was freed (the duplicate may outlive it, see free)
+        self._released = False  # the duplicate and the extras are freed
         # Held while a thread runs or starts a collective on this communicator
         # (plan.enter): a second thread arriving meanwhile gets a clear error
         # instead of sharing the scratch and the call sequence (wrong sums).
@@ -118,14 +123,43 @@ class CommState:
             raise
 
     def next_seq(self):
-        """(sequence number, tag) of the next collective call on this communicator."""
-        seq = self.seq
-        self.seq = seq + 1
+        """(sequence number, tag) of the next collective call on this
+        communicator. Every call takes its number here, under the lock."""
+        with self.lock:
+            seq = self.seq
+            self.seq = seq + 1
         return seq, 1 + seq % self.tag_span
 
+    def hold(self) -> None:
+        """A nonblocking request starts on the duplicate (engine.start)."""
+        with self.lock:
+            self.pending += 1
+
+    def release(self) -> None:
+        """That request completed: the last one of a freed communicator
+        frees the duplicate."""
+        with self.lock:
+            self.pending -= 1
+            now = self.freed and self.pending == 0 and not self._released
+            self._released = self._released or now
+        if now:
+            self._release()
+
     def free(self) -> None:
-        self.freed = True
-        self.plans.clear()
+        """The user freed the communicator (MPI calls this from the
+        attribute's delete callback). MPI lets a program free a communicator
+        with nonblocking collectives pending, and they still complete: the
+        duplicate they run on is freed when the last of them completes
+        (release), not now."""
+        self.plans.clear()  # kept decisions die with the user's communicator
+        with self.lock:
+            self.freed = True
+            now = self.pending == 0 and not self._released
+            self._released = self._released or now
+        if now:
+            self._release()
+
+    def _release(self) -> None:
         self.pool.clear()
         self.idle_pools.clear()
         for v in self.extra.values():

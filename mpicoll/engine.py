@@ -5,7 +5,9 @@ persistent plan's ``start()``) hands its schedule (a generator, see
 ``mpicoll.schedule``) to a ``Request``. The request posts the operations
 the schedule yields and keeps them; whenever they have all completed it
 checks the received sizes and resumes the schedule, which reduces and
-yields the next operations, until the schedule ends.
+yields the next operations, until the schedule ends. A call whose
+algorithm is the MPI library's own (``mpi``) needs no schedule: its
+``NativeRequest`` holds the library's MPI_I... request and nothing else.
 
 Requests are advanced by ``progress()``:
 
@@ -26,12 +28,31 @@ Requests are advanced by ``progress()``:
 ``progress()`` always advances *every* outstanding operation, not only the
 one being waited for: another rank may be waiting for a different operation
 whose next message this rank has not posted yet, and waiting for ours alone
-would deadlock.
+would deadlock. The one exception: a ``NativeRequest`` waited for while no
+other request is outstanding blocks inside the MPI library (mpi4py releases
+the GIL there), which is how a native collective reaches native cost.
 
-Thread safety: all MPI requests and schedule steps are touched only under
-one process-wide lock, so the progress thread and the caller's test()/wait()
-never run a step concurrently. Done-callbacks run after the lock is
-released.
+The threading contract (docs/architecture.md, "Threading contract"):
+
+* One process-wide lock guards every MPI request and schedule step, so the
+  progress thread and the callers' test()/wait() never run a step
+  concurrently. The engine is the only background thread mpicoll runs
+  (torch's futures are completed by it too); it exists only under
+  ``MPI_THREAD_MULTIPLE`` and stops at interpreter exit, before MPI_Finalize.
+* An error while posting, stepping or finishing one request is recorded on
+  that request, raised by its own wait()/test(), and the request leaves the
+  outstanding list: it never reaches another request's wait() nor ends the
+  progress thread.
+* A request is complete for its callers only once its done-callbacks have
+  run: wait() does not return earlier, even when another thread observed the
+  completion. Callbacks run without the lock held.
+* A callback must not start a collective (``plan.enter`` raises
+  RuntimeError): it runs whenever the request completes, at a different
+  point of the program on each rank, so the ranks would not start their
+  collectives in the same order.
+* Each request holds its communicator's state (``CommState.hold``), so a
+  communicator freed with requests pending keeps mpicoll's duplicate until
+  the last of them completes.
 
 Deadlines: a request started with a deadline raises ``CollectiveTimeout``
 (from wait()/test()) once the deadline passes with operations still
@@ -47,6 +68,7 @@ import os
 import sys
 import threading
 import time
+import traceback
 
 from mpi4py import MPI
 
@@ -64,14 +86,27 @@ SWITCH_INTERVAL = 100e-6
 # scheduler time slice when the machine is busy.
 SPIN_POLLS = 2000
 
+# Per thread: set while it runs done-callbacks (see in_callback()).
+_tls = threading.local()
+
+
+def in_callback() -> bool:
+    """Whether this thread is running a request's done-callbacks."""
+    return getattr(_tls, "callbacks", 0) > 0
+
 
 class Request:
     """An outstanding nonblocking collective. ``wait()`` returns the result
     (the output array; None on non-root ranks of a reduce); ``test()`` says
     whether it is complete (and advances every outstanding operation).
-    ``Wait()``/``Test()`` are mpi4py-style aliases."""
+    ``Wait()``/``Test()`` are mpi4py-style aliases.
 
-    def __init__(self, result=None, gen=None, finish=None, deadline=None):
+    Completion has two stages: ``_finished`` (set under the engine lock once
+    the last step ran or an error was recorded) and ``_done`` (set once the
+    done-callbacks have run, by ``_settle``). Callers only ever see the
+    second."""
+
+    def __init__(self, result=None, gen=None, finish=None, deadline=None, st=None):
         self.result = result
         self._gen = gen
         self._finish = finish  # called once, after the last step (avg's scaling, copies)
@@ -82,12 +117,15 @@ class Request:
         self._error = None
         self._deadline = deadline
         self._callbacks = []
-        self._done = threading.Event()
+        self._finished = False
+        self._done = False
+        self._settler = None  # the thread running the callbacks (it may wait() for this request)
+        self._st = st  # the CommState this request holds (released by _settle)
 
     @classmethod
     def completed(cls, result=None) -> "Request":
         req = cls(result)
-        req._done.set()
+        req._finished = req._done = True
         return req
 
     # ---- called with the engine lock held ----
@@ -99,29 +137,40 @@ class Request:
             ops = next(self._gen) if first else self._gen.send(None)
             while not ops:  # an empty batch: nothing to wait for
                 ops = self._gen.send(None)
+            for op in ops:
+                if op.req is None:
+                    _sched._post(op)
         except StopIteration:
-            try:
-                if self._finish is not None:
-                    self._finish()
-            except BaseException as exc:
-                self._error = exc
-            self._complete()
+            self._end()
             return
-        except BaseException as exc:  # reported by wait()/test() on the caller's thread
-            self._error = exc
-            self._complete()
+        except BaseException as exc:  # reported by this request's wait()/test(), on the caller's thread
+            self._fail(exc)
             return
-        for op in ops:
-            if op.req is None:
-                _sched._post(op)
         self._ops = list(ops)
         self._custom = any(op.kind == CUSTOM for op in ops)
         self._reqs = [op.req for op in ops if op.kind != CUSTOM]
         self._statuses = [MPI.Status() for _ in self._reqs]
 
+    def _end(self) -> None:
+        """The last step ran: the finishing work, then complete."""
+        try:
+            if self._finish is not None:
+                self._finish()
+        except BaseException as exc:
+            self._error = exc
+        self._complete()
+
+    def _fail(self, exc) -> None:
+        # Operations already posted stay with the MPI library (a collective
+        # cannot be cancelled); their buffers are kept by _abandoned.
+        if self._ops:
+            _abandoned.append(self._ops)
+        self._error = exc
+        self._complete()
+
     def _complete(self) -> None:
         self._ops, self._reqs, self._statuses, self._gen = [], [], [], None
-        self._done.set()
+        self._finished = True
 
     def _ready(self) -> bool:
         if self._custom:
@@ -138,18 +187,21 @@ class Request:
             _sched.check_received(mops, self._statuses)
         return done
 
+    def _expired(self) -> BaseException:
+        return _sched.timeout_error(self._ops)
+
     def _advance(self) -> int:
         """Run as many steps as the completed operations allow; returns how
-        many ran (-1 once the operation is complete)."""
+        many ran (-1 once the request is finished). Never raises: an error
+        is recorded on this request."""
         steps = 0
-        while not self._done.is_set():
+        while not self._finished:
             try:
                 ready = self._ready()
                 if not ready and self._deadline is not None and time.monotonic() >= self._deadline:
-                    raise _sched.timeout_error(self._ops)
+                    raise self._expired()
             except BaseException as exc:
-                self._error = exc
-                self._complete()
+                self._fail(exc)
                 break
             if not ready:
                 return steps
@@ -158,17 +210,21 @@ class Request:
         return -1
 
     # ---- public ----
-    @property
-    def done(self) -> bool:
-        return self._done.is_set()
+    def _seen_done(self) -> bool:
+        """Complete for this thread: done, or finished and this thread is the
+        one running its callbacks (a callback sees its request complete and
+        may wait() for it)."""
+        return self._done or (self._finished and self._settler == threading.get_ident())
+
+    done = property(_seen_done)
 
     def test(self) -> bool:
-        if not self._done.is_set():
+        if not self._done:
             _engine.progress()
-        if self._done.is_set():
-            self._raise()
-            return True
-        return False
+            if not self._seen_done():
+                return False
+        self._raise()
+        return True
 
     def wait(self):
         _engine.wait(self)
@@ -178,8 +234,9 @@ class Request:
     def add_done_callback(self, fn, wake: bool = True) -> None:
         """Call ``fn(request)`` once the request is complete (at once if it
         already is). It runs on whichever thread completed the request,
-        possibly the progress thread, after the engine lock is released; it
-        must not block on other mpicoll requests. Exceptions it raises are
+        possibly the progress thread, after the engine lock is released,
+        and before wait() returns on any thread; it must not block on other
+        mpicoll requests nor start a collective. Exceptions it raises are
         printed, not propagated.
 
         A callback usually means that someone relies on completion without
@@ -188,7 +245,7 @@ class Request:
         it asleep, for a caller that has another thread wait() for the
         request (waking it would cost a thread hand-over for nothing)."""
         with _engine.lock:
-            if not self._done.is_set():
+            if not self._finished:
                 self._callbacks.append(fn)
                 if wake:
                     _engine.wake_locked()
@@ -211,13 +268,101 @@ class Request:
         return f"<mpicoll.Request {'complete' if self.done else 'pending'}>"
 
 
+class NativeRequest(Request):
+    """A request that is one MPI request: the MPI library's own nonblocking
+    (or started persistent) collective, or a point-to-point request handed
+    to the engine (``watch``). No schedule, context or scratch: ``finish``
+    runs once when the MPI request completes.
+
+    ``wait()`` with no other mpicoll request outstanding (and no deadline)
+    blocks in ``MPI_Wait``, the GIL released; otherwise it drives every
+    outstanding request as any wait() does. ``expired`` makes the timeout
+    error when a deadline is given."""
+
+    def __init__(self, mpi_req, result=None, finish=None, deadline=None, st=None, expired=None):
+        self.result = result
+        self._mpi = mpi_req
+        self._finish = finish
+        self._error = None
+        self._deadline = deadline
+        self._expired_fn = expired
+        self._callbacks = []
+        self._finished = False
+        self._done = False
+        self._settler = None
+        self._st = st
+
+    def _start(self) -> None:
+        pass  # posted by the caller (the I-call or Prequest.Start)
+
+    def _complete(self) -> None:
+        self._finished = True
+
+    def _fail(self, exc) -> None:
+        if self._mpi is not None and self._deadline is not None:
+            _abandoned.append(self._mpi)  # still pending in the library: its buffers must outlive it
+        self._error = exc
+        self._complete()
+
+    def _expired(self) -> BaseException:
+        return self._expired_fn()
+
+    def _advance(self) -> int:
+        if self._finished:
+            return -1
+        try:
+            if not self._mpi.Test():
+                if self._deadline is not None and time.monotonic() >= self._deadline:
+                    raise self._expired()
+                return 0
+        except BaseException as exc:
+            self._fail(exc)
+            return -1
+        self._end()
+        return -1
+
+    def wait(self):
+        if not self._seen_done():
+            _engine.wait_native(self)
+        self._raise()
+        return self.result
+
+    def __repr__(self):
+        return f"<mpicoll.NativeRequest {'complete' if self.done else 'pending'}>"
+
+
+# Requests abandoned by an error or a deadline: MPI cannot cancel a
+# collective, and if the missing rank turns up later the library still
+# writes into their buffers, so these must outlive the exception.
+_abandoned = []
+
+
 def _call(fn, req) -> None:
+    _tls.callbacks = getattr(_tls, "callbacks", 0) + 1
     try:
         fn(req)
     except BaseException:  # a callback's failure must not take the progress thread down
-        import traceback
-
         traceback.print_exc()
+    finally:
+        _tls.callbacks -= 1
+
+
+def _settle(req, fns) -> None:
+    """The last stage of completion, without the lock: run the callbacks,
+    release the communicator, then mark the request done (so wait() returns
+    only after its callbacks ran)."""
+    req._settler = threading.get_ident()
+    for fn in fns:
+        _call(fn, req)
+    st = req._st
+    if st is not None:
+        req._st = None
+        try:
+            st.release()
+        except BaseException:  # freeing the duplicate failed: nothing the request can do about it
+            traceback.print_exc()
+    req._done = True
+    req._settler = None
 
 
 class _Engine:
@@ -229,9 +374,8 @@ class _Engine:
         self.wake = threading.Condition(self.lock)
         self.waiters = 0  # threads in wait(), which drive progress themselves
         self._wlock = threading.Lock()
-        self.normal_interval = sys.getswitchinterval()
         self.sleeping = False  # the thread is blocked on `wake`
-        self._wlock = threading.Lock()
+        self.saved_interval = None  # the switch interval before we lowered it (None: not lowered)
         self.thread = None
         self.stopping = False
         self.enabled = os.environ.get(ENV_PROGRESS_THREAD, "1").strip().lower() not in ("0", "false", "no", "off")
@@ -240,9 +384,12 @@ class _Engine:
         return MPI.Is_initialized() and not MPI.Is_finalized() and MPI.Query_thread() == MPI.THREAD_MULTIPLE
 
     def start(self, req: Request, wake: bool = True) -> Request:
+        st = req._st
+        if st is not None:
+            st.hold()
         with self.lock:
             req._start()
-            if not req.done:
+            if not req._finished:
                 self.active.append(req)
                 if wake:
                     # Waking the thread costs a GIL hand-over (measured: up to
@@ -251,26 +398,38 @@ class _Engine:
                     # short operations (wake=False) are left to the caller's
                     # wait()/test() unless the thread is awake anyway.
                     self.wake_locked()
-            done = req._callbacks if req.done else None
-            req._callbacks = [] if done else req._callbacks
-        if done:
-            for fn in done:
-                _call(fn, req)
-        if not req.done and self.use_thread() and self.thread is None:
+                fns = None
+            else:
+                fns, req._callbacks = req._callbacks, []
+        if fns is not None:
+            _settle(req, fns)
+        elif self.thread is None and self.use_thread():
             self._spawn()
         return req
 
     def use_thread(self) -> bool:
         return self.enabled and not self.stopping and self.thread_available()
 
+    def _lower_interval(self) -> None:
+        """Have the interpreter hand the GIL over within SWITCH_INTERVAL, not
+        after the default 5 ms, remembering the interval in force now (the
+        program may have set its own since import). Lock held."""
+        if self.saved_interval is None:
+            self.saved_interval = sys.getswitchinterval()
+            sys.setswitchinterval(min(self.saved_interval, SWITCH_INTERVAL))
+
+    def _restore_interval(self) -> None:
+        if self.saved_interval is not None:
+            sys.setswitchinterval(self.saved_interval)
+            self.saved_interval = None
+
     def wake_locked(self) -> None:
         """Wake the sleeping progress thread (called with the lock held)."""
         if self.sleeping and self.use_thread():
             self.wake.notify()
-            # The woken thread needs the GIL to run at all: have the caller
-            # hand it over within SWITCH_INTERVAL, not after the default 5 ms
-            # (restored when the thread goes idle).
-            sys.setswitchinterval(min(self.normal_interval, SWITCH_INTERVAL))
+            # The woken thread needs the GIL to run at all (restored when
+            # the thread goes idle).
+            self._lower_interval()
 
     def _spawn(self) -> None:
         with self.lock:
@@ -280,25 +439,26 @@ class _Engine:
             self.thread.start()
 
     def _progress_locked(self):
-        """(moved, callbacks to run after the lock is released)."""
+        """(moved, [(finished request, its callbacks)] to settle after the
+        lock is released)."""
         moved = False
         still = []
         finished = []
         for req in self.active:
-            steps = req._advance()
+            steps = req._advance()  # never raises: errors stay on their request
             moved = moved or steps != 0
             if steps >= 0:
                 still.append(req)
-            elif req._callbacks:
+            else:
                 finished.append((req, req._callbacks))
                 req._callbacks = []
         self.active = still
         return moved, finished
 
-    def _run_callbacks(self, finished) -> None:
+    @staticmethod
+    def _settle_all(finished) -> None:
         for req, fns in finished:
-            for fn in fns:
-                _call(fn, req)
+            _settle(req, fns)
 
     def progress(self) -> None:
         finished = ()
@@ -306,7 +466,7 @@ class _Engine:
             if self.active:
                 _, finished = self._progress_locked()
         if finished:
-            self._run_callbacks(finished)
+            self._settle_all(finished)
 
     def wait(self, req: Request, hot_for=None) -> bool:
         """The waiting thread drives progress itself: handing completion over
@@ -315,27 +475,29 @@ class _Engine:
         progress thread steps back (see _run). With ``hot_for`` (seconds)
         and a progress thread, stop after that long and leave the request to
         the thread (woken on the way out); returns whether it is complete."""
-        if req.done:
+        if req._seen_done():
             return True
         until = None if hot_for is None or not self.use_thread() else time.monotonic() + hot_for
         with self._wlock:  # not the engine lock: the progress thread may hold that one
             self.waiters += 1
         polls = 0
         try:
-            while not req.done:
+            while not req._seen_done():
                 finished = ()
-                if self.lock.acquire(blocking=False):
+                if not req._finished and self.lock.acquire(blocking=False):
                     try:
                         if self.active:
                             _, finished = self._progress_locked()
                     finally:
                         self.lock.release()
                 if finished:
-                    self._run_callbacks(finished)
+                    self._settle_all(finished)
+                # (A finished request not yet done: another thread is
+                # running its callbacks; wait for it to end.)
                 polls += 1
                 if until is not None and time.monotonic() > until:
                     break
-                if not req.done and polls > SPIN_POLLS:
+                if polls > SPIN_POLLS and not req._seen_done():
                     # Then let other threads and processes run: on an
                     # oversubscribed node the peer we wait for may need this core.
                     time.sleep(0)
@@ -346,36 +508,65 @@ class _Engine:
             if last and self.active:
                 with self.lock:
                     self.wake_locked()
-        return req.done
+        return req._seen_done()
+
+    def wait_native(self, req: NativeRequest) -> None:
+        """wait() for a NativeRequest: alone, in MPI_Wait (GIL released);
+        otherwise as any wait(), driving the other requests too."""
+        with self.lock:
+            alone = not req._finished and req._deadline is None and len(self.active) == 1 \
+                and self.active[0] is req
+            if alone:
+                # Out of the list first: no other thread may test an MPI
+                # request that this one waits on.
+                self.active = []
+        if not alone:
+            self.wait(req)
+            return
+        try:
+            req._mpi.Wait()
+        except BaseException as exc:
+            with self.lock:
+                req._fail(exc)
+                fns, req._callbacks = req._callbacks, []
+        else:
+            with self.lock:  # add_done_callback reads _finished under the lock
+                req._end()
+                fns, req._callbacks = req._callbacks, []
+        _settle(req, fns)
 
     def _run(self) -> None:
         pause = 0.0
-        normal = self.normal_interval
         while True:
-            with self.lock:
-                # Block while there is nothing to do, or while a thread in
-                # wait() drives progress itself (two threads polling would
-                # only pass the GIL back and forth).
-                if not self.stopping and (not self.active or not self.enabled or self.waiters):
-                    sys.setswitchinterval(normal)
-                    self.sleeping = True
-                    while not self.stopping and (not self.active or not self.enabled or self.waiters):
-                        pause = 0.0
-                        self.wake.wait()
-                    self.sleeping = False
-                    # A computing caller releases the GIL inside every numpy
-                    # loop but takes it straight back; a waiting thread only
-                    # gets it when the interpreter forces a switch, by default
-                    # after 5 ms. While operations are outstanding, force it
-                    # after SWITCH_INTERVAL so that the progress thread gets a
-                    # turn about that often.
-                    sys.setswitchinterval(min(normal, SWITCH_INTERVAL))
-                if self.stopping:
-                    sys.setswitchinterval(normal)
-                    return
-                moved, finished = self._progress_locked()
-            if finished:
-                self._run_callbacks(finished)
+            try:
+                with self.lock:
+                    # Block while there is nothing to do, or while a thread in
+                    # wait() drives progress itself (two threads polling would
+                    # only pass the GIL back and forth).
+                    if not self.stopping and (not self.active or not self.enabled or self.waiters):
+                        self.sleeping = True
+                        while not self.stopping and (not self.active or not self.enabled or self.waiters):
+                            # (Again after each wake-up: a waker lowered it.)
+                            self._restore_interval()
+                            pause = 0.0
+                            self.wake.wait()
+                        self.sleeping = False
+                        # A computing caller releases the GIL inside every
+                        # numpy loop but takes it straight back; a waiting
+                        # thread only gets it when the interpreter forces a
+                        # switch. While operations are outstanding, force it
+                        # after SWITCH_INTERVAL so that the progress thread
+                        # gets a turn about that often.
+                        self._lower_interval()
+                    if self.stopping:
+                        self._restore_interval()
+                        return
+                    moved, finished = self._progress_locked()
+                if finished:
+                    self._settle_all(finished)
+            except BaseException:  # a bug of ours: reported, and the thread goes on serving the others
+                traceback.print_exc()
+                moved = False
             # Poll fast while things move; otherwise back off to at most
             # 200 us so a computing caller keeps its cores.
             if moved:
@@ -386,17 +577,20 @@ class _Engine:
                 time.sleep(pause)
 
     def stop(self) -> None:
-        """Stop the thread (before MPI_Finalize: atexit runs this first)."""
+        """Stop the thread (at interpreter exit, before MPI_Finalize: mpi4py
+        finalizes MPI after every atexit function has run)."""
         with self.lock:
             self.stopping = True
             self.wake.notify_all()
         t = self.thread
         if t is not None and t is not threading.current_thread():
             t.join(timeout=5)
+        with self.lock:
+            self._restore_interval()
 
 
 _engine = _Engine()
-atexit.register(_engine.stop)  # registered after mpi4py's finalizer, so it runs before it
+atexit.register(_engine.stop)
 
 
 # Operations of at least this many bytes wake the progress thread at start
@@ -405,9 +599,24 @@ atexit.register(_engine.stop)  # registered after mpi4py's finalizer, so it runs
 WAKE_MIN_BYTES = 64 << 10
 
 
-def start(gen, result=None, finish=None, deadline=None, nbytes: int = WAKE_MIN_BYTES) -> Request:
-    """Start schedule ``gen`` as a nonblocking request."""
-    return _engine.start(Request(result, gen, finish, deadline), wake=nbytes >= WAKE_MIN_BYTES)
+def start(gen, result=None, finish=None, deadline=None, nbytes: int = WAKE_MIN_BYTES, st=None) -> Request:
+    """Start schedule ``gen`` as a nonblocking request (holding CommState
+    ``st`` until it completes, if given)."""
+    return _engine.start(Request(result, gen, finish, deadline, st), wake=nbytes >= WAKE_MIN_BYTES)
+
+
+def start_native(mpi_req, result=None, finish=None, nbytes: int = WAKE_MIN_BYTES, st=None, deadline=None,
+                 expired=None) -> NativeRequest:
+    """Hand an MPI request already started (the library's I-call, a started
+    persistent request) to the engine; ``finish`` runs once it completes."""
+    return _engine.start(NativeRequest(mpi_req, result, finish, deadline, st, expired),
+                         wake=nbytes >= WAKE_MIN_BYTES)
+
+
+def watch(mpi_req, wake: bool = False) -> NativeRequest:
+    """An MPI request (a point-to-point message) as an engine request, so
+    that the engine's callbacks and progress thread serve it too."""
+    return _engine.start(NativeRequest(mpi_req), wake=wake)
 
 
 def set_progress_thread(enabled: bool) -> None:

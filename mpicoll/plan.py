@@ -152,7 +152,17 @@ def enter(st) -> None:
     communicator too. So a second thread on the same communicator is an
     error, said at once rather than found later as a wrong sum (use one
     communicator per thread: ``comm.Dup()``). ``acquire(False)`` is atomic:
-    the check cannot race."""
+    the check cannot race.
+
+    A request's done-callback may not start a collective either: it runs
+    when the request completes, which is a different point of the program
+    on each rank, so the ranks would not call their collectives in the same
+    order (engine.py, the threading contract)."""
+    if engine.in_callback():
+        raise RuntimeError(
+            f"mpicoll: a collective was started from a request's done-callback (rank {st.rank}); callbacks "
+            "run whenever the request completes, at a different point on each rank, so collectives started "
+            "there cannot be matched in order across ranks - start it from the program's own flow (after wait())")
     if not st.busy.acquire(False):
         raise RuntimeError(
             f"mpicoll: another thread is inside a collective on this communicator (rank {st.rank}); mpicoll "
@@ -195,9 +205,8 @@ class Plan:
 
     def _context(self, pool):
         st = self.st
-        seq = st.seq  # next_seq(), inlined: this is the per-call path
-        st.seq = seq + 1
-        return _sched.Context(st, 1 + seq % st.tag_span, pool, (self.collective, self.algorithm, self.nbytes, seq))
+        seq, tag = st.next_seq()
+        return _sched.Context(st, tag, pool, (self.collective, self.algorithm, self.nbytes, seq))
 
     def inputs(self) -> None:
         """What every (re)start does first: refresh a staged input, then the prologue."""
@@ -214,7 +223,7 @@ class Plan:
             self.inputs()
             if self.schedule is not None:
                 if self.native is not None and self.timeout is None:
-                    st.seq += 1  # the call's number, for the flight recorder
+                    st.next_seq()  # the call's number, for the flight recorder
                     self.native.blocking()
                     if self.native.after is not None:
                         self.native.after()
@@ -242,6 +251,14 @@ class Plan:
             if self.finish is not None:
                 self.finish()
             return engine.Request.completed(self.result)
+        native = self.native
+        if native is not None and self.timeout is None:
+            # The MPI library's own collective: its MPI_I... request is the
+            # whole request (no schedule, context or scratch), and wait()
+            # can block in the library (engine.NativeRequest).
+            self.st.next_seq()
+            return engine.start_native(native.start(), self.result, _then(native.after, self.finish), self.nbytes,
+                                       self.st)
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         finish = self.finish
         if pool is None:
@@ -258,7 +275,7 @@ class Plan:
                     idle.append(pool)
 
         gen = self.schedule(self._context(pool))
-        return engine.start(gen, self.result, finish, deadline, self.nbytes)
+        return engine.start(gen, self.result, finish, deadline, self.nbytes, self.st)
 
 
 def _then(first, second):
@@ -638,11 +655,12 @@ class Persistent:
     def __init__(self, plan: Plan):
         self._plan = plan
         self._pool = {}
-        self._req = None  # the active engine.Request
+        self._req = None  # the active request (engine.Request, or NativeRequest over _mpi)
         self._mpi = None  # MPI.Prequest of the native persistent collective
         if plan.schedule is not None and plan.native is not None and plan.native.init is not None:
             self._mpi = plan.native.init()
         self._active = False
+        self._seq = -1  # the number of the call in flight (timeout messages)
 
     @property
     def algorithm(self) -> str:
@@ -656,76 +674,56 @@ class Persistent:
         if self._active:
             raise RuntimeError("mpicoll: persistent request started again before it completed (wait() first)")
         plan = self._plan
-        self._active = True
         if self._mpi is not None:
+            # The library's persistent request, started, is the whole request:
+            # the same thin request as a native nonblocking call's (Plan._start).
             st = plan.st
             enter(st)
             try:
                 plan.inputs()
-                st.seq += 1
+                self._seq, _ = st.next_seq()
                 self._mpi.Start()
             finally:
                 st.busy.release()
-            self._deadline = None if plan.timeout is None else time.monotonic() + plan.timeout
+            deadline = None if plan.timeout is None else time.monotonic() + plan.timeout
+            self._req = engine.start_native(self._mpi, plan.result, _then(plan.native.after, plan.finish),
+                                            plan.nbytes, st, deadline, self._expired)
         else:
             self._req = plan.start(self._pool)
+        self._active = True
 
     def wait(self):
         if not self._active:
             return self._plan.result  # MPI: waiting on an inactive persistent request returns at once
-        plan = self._plan
         try:
-            if self._mpi is not None:
-                if plan.timeout is None:
-                    self._mpi.Wait()
-                else:
-                    self._wait_deadline()
-                if plan.native.after is not None:
-                    plan.native.after()
-                if plan.finish is not None:
-                    plan.finish()
-            else:
-                self._req.wait()
+            self._req.wait()
         finally:
             self._active = False
             self._req = None
-        return plan.result
+        return self._plan.result
 
-    def _wait_deadline(self) -> None:
-        while not self._mpi.Test():
-            if time.monotonic() >= self._deadline:
-                st, plan = self._plan.st, self._plan
-                raise _sched.CollectiveTimeout(
-                    f"mpicoll: {plan.collective} timed out on rank {st.rank}: algorithm {plan.algorithm} "
-                    f"(the MPI library's persistent collective), {plan.nbytes} B, call #{st.seq - 1} on this "
-                    "communicator. A rank probably skipped this call, called another collective, or died.",
-                    collective=plan.collective, algorithm=plan.algorithm, step="-", peers=[], nbytes=plan.nbytes,
-                    seq=st.seq - 1, rank=st.rank)
-            time.sleep(0)
+    def _expired(self) -> _sched.CollectiveTimeout:
+        st, plan = self._plan.st, self._plan
+        return _sched.CollectiveTimeout(
+            f"mpicoll: {plan.collective} timed out on rank {st.rank}: algorithm {plan.algorithm} "
+            f"(the MPI library's persistent collective), {plan.nbytes} B, call #{self._seq} on this "
+            "communicator. A rank probably skipped this call, called another collective, or died.",
+            collective=plan.collective, algorithm=plan.algorithm, step="-", peers=[], nbytes=plan.nbytes,
+            seq=self._seq, rank=st.rank)
 
     def test(self) -> bool:
         if not self._active:
             return True
-        if self._mpi is not None:
-            if not self._mpi.Test():
-                if self._plan.timeout is not None and time.monotonic() >= self._deadline:
-                    self._wait_deadline()
+        try:
+            if not self._req.test():
                 return False
-            self._mpi_done()
-            return True
-        if self._req.test():
+        except BaseException:
             self._active = False
             self._req = None
-            return True
-        return False
-
-    def _mpi_done(self) -> None:
-        plan = self._plan
+            raise
         self._active = False
-        if plan.native.after is not None:
-            plan.native.after()
-        if plan.finish is not None:
-            plan.finish()
+        self._req = None
+        return True
 
     def __call__(self):
         self.start()
@@ -1072,7 +1070,7 @@ class KeptAllreduce(_Kept):
             return self._plan(x, out, st.pool).run()
         enter(st)
         try:
-            st.seq += 1
+            st.next_seq()
             dt = self.datatype
             st.comm.Allreduce(MPI.IN_PLACE if out is x else [x, dt], [out, dt], self.op)
             if self.red.op.average:
@@ -1126,7 +1124,7 @@ class KeptBcast(_Kept):
         if self.call:
             enter(st)
             try:
-                st.seq += 1
+                st.next_seq()
                 st.comm.Bcast([x, MPI.BYTE], self.root)
             finally:
                 st.busy.release()
@@ -1164,7 +1162,7 @@ class KeptReduce(_Kept):
         dt = self.datatype
         enter(st)
         try:
-            st.seq += 1
+            st.next_seq()
             if out is None:
                 st.comm.Reduce([x, dt], None, self.op, root)
             else:
@@ -1206,7 +1204,7 @@ class KeptAllgather(_Kept):
         if self.call:
             enter(st)
             try:
-                st.seq += 1
+                st.next_seq()
                 st.comm.Allgatherv(MPI.IN_PLACE, [out, self.spec, MPI.BYTE])
             finally:
                 st.busy.release()
@@ -1259,7 +1257,7 @@ class KeptScatter(_KeptRooted):
         if self.call:
             enter(st)
             try:
-                st.seq += 1
+                st.next_seq()
                 if is_root:
                     st.comm.Scatterv([x, self.spec, MPI.BYTE], MPI.IN_PLACE, self.root)
                 else:
@@ -1293,7 +1291,7 @@ class KeptGather(_KeptRooted):
         if self.call:
             enter(st)
             try:
-                st.seq += 1
+                st.next_seq()
                 if is_root:
                     st.comm.Gatherv(MPI.IN_PLACE, [out, self.spec, MPI.BYTE], self.root)
                 else:
@@ -1326,7 +1324,7 @@ class KeptAlltoall(_Kept):
         elif self.call:
             enter(st)
             try:
-                st.seq += 1
+                st.next_seq()
                 bs = self.block
                 st.comm.Alltoall([x, bs, MPI.BYTE], [out, bs, MPI.BYTE])
             finally:

@@ -232,3 +232,62 @@ def test_same_bits_as_the_blocking_algorithm(algorithm):
         a = mpicoll.allreduce(x, algorithm=algorithm)
         b = mpicoll.iallreduce(x, algorithm=algorithm).wait()
         assert a.tobytes() == b.tobytes(), f"n={n}"
+
+
+@pytest.mark.parametrize("mode", ["thread", "no-thread"])
+def test_native_requests_are_thin(mode):
+    """With the MPI library's own algorithm, i-calls and persistent plans
+    return a NativeRequest (the library's request, no schedule) that works
+    wherever a Request does: wait/test/callbacks/waitall, mixed with
+    scheduled requests waited for in a different order on each rank (a wait
+    that blocked in the library here would deadlock), finishing work run
+    exactly once (avg's division, reduce_scatter's block placement)."""
+    from mpicoll import engine
+
+    comm = MPI.COMM_WORLD
+    p, rank = comm.size, comm.rank
+    was = nonblocking._engine.enabled
+    nonblocking.set_progress_thread(mode == "thread")
+    try:
+        n = 3 * p + 1
+        inputs = [exact_values("float64", "sum", n, 11 * r + 3) for r in range(p)]
+        want_avg = reference(inputs, "avg", p)
+        want_sum = reference(inputs, "sum", p)
+        req = mpicoll.iallreduce(inputs[rank], op="avg", algorithm="mpi")
+        assert isinstance(req, engine.NativeRequest if p > 1 else nonblocking.Request)  # p = 1: nothing to send
+        fired = []
+        req.add_done_callback(fired.append)
+        while not req.test():
+            pass
+        np.testing.assert_array_equal(req.wait(), want_avg)
+        assert fired == [req] and req.done
+        big = [exact_values("float32", "sum", 70001, 5 * r) for r in range(p)]
+        reqs = [mpicoll.iallreduce(big[rank], algorithm="ring"),
+                mpicoll.iallreduce(inputs[rank], algorithm="mpi"),
+                mpicoll.ireduce_scatter(inputs[rank], algorithm="mpi"),
+                mpicoll.iallreduce(big[rank], algorithm="recursive_doubling")]
+        order = list(range(len(reqs)))
+        order = order[rank % len(order):] + order[:rank % len(order)]
+        got = {}
+        for i in order:
+            got[i] = reqs[i].wait()
+        np.testing.assert_array_equal(got[0], reference(big, "sum", p))
+        np.testing.assert_array_equal(got[1], want_sum)
+        np.testing.assert_array_equal(got[3], reference(big, "sum", p))
+        counts = [n // p + (1 if r < n % p else 0) for r in range(p)]
+        lo = sum(counts[:rank])
+        np.testing.assert_array_equal(got[2], want_sum[lo:lo + counts[rank]])
+        assert nonblocking.waitall([mpicoll.iallreduce(inputs[rank], algorithm="mpi")])[0].tolist() \
+            == want_sum.tolist()
+        x = inputs[rank].copy()
+        pers = mpicoll.allreduce_init(x, op="avg", algorithm="mpi")
+        for _ in range(3):
+            x[:] = inputs[rank]
+            pers.start()
+            assert isinstance(pers._req, engine.NativeRequest) or pers._mpi is None
+            np.testing.assert_array_equal(pers.wait(), want_avg)
+        pers.free()
+        assert not nonblocking._engine.active
+    finally:
+        comm.Barrier()
+        nonblocking.set_progress_thread(was)

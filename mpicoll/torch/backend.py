@@ -140,7 +140,8 @@ class Work(dist._Work):
         self._deadline_s = deadline
         self._what = what
         self._result = result
-        self._reqs = [r for r in reqs if r is not None]
+        # MPI requests are handed to the engine here: only it tests them from now on.
+        self._reqs = [_completion.adopt(r) for r in reqs if r is not None]
         self._finish = finish
         self._lock = threading.Lock()
         self._done = not self._reqs

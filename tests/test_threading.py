@@ -1,0 +1,319 @@
+"""The engine's threading contract (docs/architecture.md, "Threading
+contract"): errors stay on their request, a freed communicator keeps its
+duplicate while requests are pending, tags are taken under a lock,
+callbacks have run when wait() returns and may not start collectives, the
+progress thread survives errors. Run under mpiexec (``make test``)."""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpicoll
+from conftest import exact_values, reference
+from mpicoll import comm as _comm
+from mpicoll import engine
+from mpicoll import schedule as _sched
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.fixture
+def thread_on():
+    """The progress thread on (restored afterwards), collectively."""
+    was = engine._engine.enabled
+    engine.set_progress_thread(True)
+    yield engine.progress_thread_active()
+    MPI.COMM_WORLD.Barrier()
+    engine.set_progress_thread(was)
+
+
+def _self_context():
+    """A schedule context on this rank alone (mpicoll's duplicate of COMM_SELF)."""
+    st = _comm.state(MPI.COMM_SELF)
+    _, tag = st.next_seq()
+    return _sched.Context(st, tag, {}, ("test", "local", 8, 0))
+
+
+def _fails_at_step_2():
+    """A local schedule: one message to itself, then an error."""
+    ctx = _self_context()
+    out = np.zeros(2)
+    yield [ctx.send(np.ones(2), 0), ctx.recv(out, 0)]
+    raise ValueError("step 2 failed")
+
+
+def _fails_posting():
+    """A local schedule whose first message goes to a rank that does not exist."""
+    ctx = _self_context()
+    yield [ctx.recv(np.zeros(2), 0), ctx.send(np.ones(2), 5)]
+
+
+def _truncated():
+    """A receive too short for its message: the size check fails in _ready."""
+    ctx = _self_context()
+    yield [ctx.send(np.ones(2), 0), ctx.recv(np.zeros(1), 0)]
+
+
+def _fine():
+    ctx = _self_context()
+    yield [ctx.send(np.ones(2), 0), ctx.recv(np.zeros(2), 0)]
+
+
+def _bad_finish():
+    raise KeyError("finish failed")
+
+
+def _expect_good(req, inputs, p):
+    np.testing.assert_array_equal(req.wait(), reference(inputs, "sum", p))
+
+
+@pytest.mark.parametrize("mode", ["thread", "no-thread"])
+def test_error_stays_on_its_request(mode):
+    """Four requests fail (in a step, while posting, in the size check, in
+    the finishing work) while a real all-reduce is in flight: each failure is
+    raised by its own wait() only, none stays in the active list, and the
+    progress thread lives on."""
+    comm = MPI.COMM_WORLD
+    p, rank = comm.size, comm.rank
+    was = engine._engine.enabled
+    engine.set_progress_thread(mode == "thread")
+    try:
+        n = 70001
+        inputs = [exact_values("float32", "sum", n, 3 * r + 1) for r in range(p)]
+        good = mpicoll.iallreduce(inputs[rank], algorithm="ring")
+        bad = [(engine.start(_fails_at_step_2()), ValueError),
+               (engine.start(_fails_posting()), MPI.Exception),
+               (engine.start(_truncated()), mpicoll.MismatchError),
+               (engine.start(_fine(), finish=_bad_finish), KeyError)]
+        good2 = mpicoll.iallreduce(inputs[rank], algorithm="recursive_doubling")
+        _expect_good(good, inputs, p)  # none of the failures shows up here
+        for req, kind in bad:
+            with pytest.raises(kind):
+                req.wait()
+            assert req.done
+        _expect_good(good2, inputs, p)
+        assert not any(r for r, _ in bad if r in engine._engine.active)
+        if engine.progress_thread_active() and engine._engine.thread is not None:
+            assert engine._engine.thread.is_alive()
+    finally:
+        comm.Barrier()
+        engine.set_progress_thread(was)
+
+
+def test_error_on_the_progress_thread_keeps_it_alive(thread_on):
+    """A request that fails while the progress thread advances it: the
+    thread records the error and serves the next requests."""
+    if not thread_on:
+        pytest.skip("no progress thread (MPI_THREAD_MULTIPLE unavailable)")
+    comm = MPI.COMM_WORLD
+    p, rank = comm.size, comm.rank
+    mpicoll.iallreduce(np.ones(4, np.float32), algorithm="ring").wait()  # the thread exists
+    for _ in range(3):
+        req = engine.start(_fails_posting_at_step_2())  # nbytes defaults to "large": the thread is woken
+        deadline = time.monotonic() + 60
+        while not req.done and time.monotonic() < deadline:
+            time.sleep(0.001)  # left to the thread: this thread does not drive progress
+        assert req.done
+        with pytest.raises(MPI.Exception):
+            req.test()
+        assert engine._engine.thread.is_alive()
+    inputs = [exact_values("float32", "sum", 1000, r) for r in range(p)]
+    _expect_good(mpicoll.iallreduce(inputs[rank], algorithm="ring"), inputs, p)
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "mpi", "auto"])
+def test_free_communicator_with_request_pending(algorithm):
+    """MPI lets a program free a communicator while a nonblocking collective
+    on it is pending: mpicoll's duplicate must live until that request
+    completes, and another communicator's request is unaffected."""
+    world = MPI.COMM_WORLD
+    p, rank = world.size, world.rank
+    n = 5000
+    inputs = [exact_values("float32", "sum", n, 7 * r + 2) for r in range(p)]
+    mine = world.Dup()
+    other = world.Dup()
+    try:
+        mpicoll.allreduce(np.zeros(1), comm=mine)  # the state exists
+        st = _comm.state(mine)
+        req = mpicoll.iallreduce(inputs[rank], comm=mine, algorithm=algorithm)
+        req_other = mpicoll.iallreduce(inputs[rank], comm=other, algorithm=algorithm)
+        mine.Free()
+        assert st.freed
+        if not req.done:
+            assert st.comm != MPI.COMM_NULL, "the duplicate was freed with a request pending"
+        _expect_good(req, inputs, p)
+        _expect_good(req_other, inputs, p)
+        assert st.pending == 0 and st.comm == MPI.COMM_NULL  # freed by the last request
+        _expect_good(mpicoll.iallreduce(inputs[rank], comm=other, algorithm=algorithm), inputs, p)
+    finally:
+        other.Free()
+        if mine != MPI.COMM_NULL:
+            mine.Free()
+
+
+def test_next_seq_takes_the_lock():
+    """next_seq() takes the communicator's lock: a thread asking for a number
+    while another holds the lock waits for it."""
+    st = _comm.state(MPI.COMM_SELF)
+    got = []
+    with st.lock:
+        t = threading.Thread(target=lambda: got.append(st.next_seq()[0]))
+        t.start()
+        t.join(0.3)
+        assert not got, "next_seq did not wait for the lock"
+    t.join(60)
+    assert len(got) == 1
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "mpi"])
+def test_every_call_takes_its_number_from_next_seq(algorithm, monkeypatch):
+    """Blocking, nonblocking and persistent calls, scheduled and native, all
+    number themselves through CommState.next_seq (no unlocked increment)."""
+    comm = MPI.COMM_WORLD
+    if comm.size == 1:
+        pytest.skip("one rank: nothing is sent, no number is taken")
+    x = np.ones(10)
+    mpicoll.allreduce(x, algorithm=algorithm)  # the state exists
+    st = _comm.state(comm)
+    calls = []
+    plain = type(st).next_seq
+
+    def counted():
+        calls.append(1)
+        return plain(st)
+
+    monkeypatch.setattr(st, "next_seq", counted, raising=False)
+    before = st.seq
+    mpicoll.allreduce(x, algorithm=algorithm)
+    mpicoll.iallreduce(x, algorithm=algorithm).wait()
+    pers = mpicoll.allreduce_init(x, algorithm=algorithm)
+    pers()
+    pers()
+    pers.free()
+    assert st.seq - before == len(calls) == 4
+
+
+def _fails_posting_at_step_2():
+    ctx = _self_context()
+    yield [ctx.send(np.ones(2), 0), ctx.recv(np.zeros(2), 0)]
+    yield [ctx.send(np.ones(2), 5)]
+
+
+def test_collective_from_a_callback_is_an_error():
+    """A done-callback that starts a collective gets a clear RuntimeError
+    (the ranks could not order it), whichever thread runs it."""
+    comm = MPI.COMM_WORLD
+    seen = []
+
+    def cb(r):
+        try:
+            mpicoll.iallreduce(np.ones(3), algorithm="ring")
+        except RuntimeError as exc:
+            seen.append(str(exc))
+
+    req = mpicoll.iallreduce(np.ones(1000), algorithm="ring")
+    req.add_done_callback(cb)
+    req.wait()
+    req.add_done_callback(cb)  # already complete: runs at once, same rule
+    assert len(seen) == 2 and all("done-callback" in s for s in seen)
+    comm.Barrier()
+    # The thread-local mark is gone: a collective from the program's flow works.
+    np.testing.assert_array_equal(mpicoll.allreduce(np.ones(2)), np.full(2, comm.size))
+
+
+def test_callbacks_have_run_when_wait_returns(thread_on):
+    """The progress thread observes completion and runs a slow callback;
+    wait() on the caller's thread returns only after it ran. A callback may
+    wait() for its own request."""
+    if not thread_on:
+        pytest.skip("no progress thread (MPI_THREAD_MULTIPLE unavailable)")
+    comm = MPI.COMM_WORLD
+    if comm.size == 1:
+        pytest.skip("one rank: the request completes as it starts")
+    for _ in range(3):
+        ran = []
+
+        def slow(r):
+            r.wait()  # its own request, from inside its callback: returns at once
+            time.sleep(0.2)
+            ran.append(r)
+
+        req = mpicoll.iallreduce(np.ones(1 << 16, np.float32), algorithm="ring")  # 256 KiB: wakes the thread
+        req.add_done_callback(slow)
+        deadline = time.monotonic() + 60
+        while not req._finished and time.monotonic() < deadline:
+            time.sleep(0.001)  # the thread, not this one, observes completion
+        req.wait()
+        assert ran == [req]
+        comm.Barrier()
+
+
+def test_switch_interval_restored_to_the_one_in_force():
+    """The engine lowers the interpreter's switch interval while the progress
+    thread works, and restores the value set by the program since import."""
+    if not engine.progress_thread_active():
+        pytest.skip("no progress thread")
+    comm = MPI.COMM_WORLD
+    was = sys.getswitchinterval()
+    sys.setswitchinterval(0.0123)
+    try:
+        for _ in range(3):
+            mpicoll.iallreduce(np.ones(1 << 16, np.float32), algorithm="ring").wait()
+        deadline = time.monotonic() + 60
+        while not engine._engine.sleeping and time.monotonic() < deadline:
+            time.sleep(0.001)
+        with engine._engine.lock:
+            assert abs(sys.getswitchinterval() - 0.0123) < 1e-9
+    finally:
+        comm.Barrier()
+        sys.setswitchinterval(was)
+
+
+@pytest.mark.parametrize("mode", ["thread", "no-thread"])
+def test_torch_futures_complete_through_the_engine(mode):
+    """The torch backend's futures (collectives, sends and receives) are
+    completed by the engine: mpicoll runs no thread of its own but the
+    progress thread, and none at all when it is turned off."""
+    torch = pytest.importorskip("torch")
+    import torch.distributed as dist
+
+    import mpicoll.torch  # noqa: F401
+
+    comm = MPI.COMM_WORLD
+    p, rank = comm.size, comm.rank
+    if p > 4:
+        pytest.skip("torch tests run at p <= 4")
+    was = engine._engine.enabled
+    engine.set_progress_thread(mode == "thread")
+    dist.init_process_group("mpicoll", init_method="mpi://")
+    try:
+        before = {t.name for t in threading.enumerate()}
+        t = torch.full((1000,), float(rank + 1))
+        fut = dist.all_reduce(t, async_op=True).get_future()
+        if mode == "no-thread":
+            assert fut.done(), "without a progress thread the future is completed at once"
+        fut.wait()
+        assert torch.equal(t, torch.full((1000,), float(p * (p + 1) // 2)))
+        if p > 1:
+            got = torch.zeros(5)
+            right, left = (rank + 1) % p, (rank - 1) % p
+            s = dist.isend(torch.full((5,), float(rank)), right)
+            r = dist.irecv(got, left)
+            r.get_future().wait()
+            s.get_future().wait()
+            assert torch.equal(got, torch.full((5,), float(left)))
+        ours = {t.name for t in threading.enumerate()} - before
+        assert all(name == "mpicoll-progress" for name in ours), ours
+        assert not any(t.name.startswith("mpicoll") and t.name != "mpicoll-progress"
+                       for t in threading.enumerate())
+        if mode == "no-thread":
+            assert "mpicoll-progress" not in ours
+    finally:
+        dist.destroy_process_group()
+        comm.Barrier()
+        engine.set_progress_thread(was)
