@@ -60,8 +60,29 @@ def _keep(plan, key, mode=0):
         plan.st.plans.put(key, k)
 
 
+def _door(key, comm, args, build, blocking: bool, mode=0):
+    """One call of a kept signature's door: the kept entry serves it
+    (blocking: the result; else a request), or the full path builds the
+    plan (``build(nonblocking)``), files its kept entry and runs/starts it."""
+    k = _kept(comm, key)
+    if k is not None:
+        res = k(*args) if blocking else k.start(*args)
+        if res is not _MISS:
+            return res
+    plan = build(not blocking)
+    _keep(plan, key, mode)
+    return plan.run() if blocking else plan.start()
+
+
 def _mode(x, out) -> int:
     return 0 if out is None else 1 if out is x else 2
+
+
+def _plain_call(x, algorithm, *rest) -> bool:
+    """A call the kept doors take: a numpy input, an algorithm name, and no
+    option that changes per call (the other arguments, given as ``rest``,
+    are None)."""
+    return type(x) is np.ndarray and type(algorithm) is str and all(r is None for r in rest)
 
 
 def _opkey(op):
@@ -119,16 +140,10 @@ def allreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", **options):
     # The short path: a call of a kept signature runs the kept decision on
     # this call's arrays (plan.KeptAllreduce; MISS sends it down the full path).
     o = _opkey(op)
-    if not options and type(x) is np.ndarray and o is not None and type(algorithm) is str:
-        key = ("allreduce", x.shape, x.dtype, o, algorithm, _mode(x, out))
-        k = _kept(comm, key)
-        if k is not None:
-            res = k(x, out)
-            if res is not _MISS:
-                return res
-        plan = _plan.allreduce(x, op, comm=comm, out=out, algorithm=algorithm)
-        _keep(plan, key, key[-1])
-        return plan.run()
+    if not options and o is not None and _plain_call(x, algorithm):
+        return _door(("allreduce", x.shape, x.dtype, o, algorithm, _mode(x, out)), comm, (x, out),
+                     lambda nb: _plan.allreduce(x, op, comm=comm, out=out, algorithm=algorithm, nonblocking=nb),
+                     True, _mode(x, out))
     if options:
         bad = set(options) - _OPTIONS
         if bad:
@@ -158,16 +173,10 @@ def allgather(x, *, comm=None, out=None, algorithm="auto", check=None, timeout=N
     Returns an array of shape ``(p,) + x.shape``: row i is rank i's ``x``.
     Any fixed-size numpy dtype works, since nothing is reduced.
     """
-    if check is None and timeout is None and type(x) is np.ndarray and type(algorithm) is str:
-        key = ("allgather", x.shape, x.dtype, algorithm, out is not None)
-        k = _kept(comm, key)
-        if k is not None:
-            res = k(x, out)
-            if res is not _MISS:
-                return res
-        plan = _plan.allgather(x, comm=comm, out=out, algorithm=algorithm)
-        _keep(plan, key, key[-1])
-        return plan.run()
+    if _plain_call(x, algorithm, check, timeout):
+        return _door(("allgather", x.shape, x.dtype, algorithm, out is not None), comm, (x, out),
+                     lambda nb: _plan.allgather(x, comm=comm, out=out, algorithm=algorithm, nonblocking=nb), True,
+                     out is not None)
     return _plan.allgather(x, comm=comm, out=out, algorithm=algorithm, check=check, timeout=timeout).run()
 
 
@@ -176,17 +185,9 @@ def bcast(x, root=0, *, comm=None, algorithm="auto", check=None, timeout=None):
 
     ``x`` must be a writable, C-contiguous buffer. Returns ``x``.
     """
-    if check is None and timeout is None and type(x) is np.ndarray and type(algorithm) is str \
-            and type(root) is int:
-        key = ("bcast", x.shape, x.dtype, root, algorithm)
-        k = _kept(comm, key)
-        if k is not None:
-            res = k(x)
-            if res is not _MISS:
-                return res
-        plan = _plan.bcast(x, root, comm=comm, algorithm=algorithm)
-        _keep(plan, key)
-        return plan.run()
+    if _plain_call(x, algorithm, check, timeout) and type(root) is int:
+        return _door(("bcast", x.shape, x.dtype, root, algorithm), comm, (x,),
+                     lambda nb: _plan.bcast(x, root, comm=comm, algorithm=algorithm, nonblocking=nb), True)
     return _plan.bcast(x, root, comm=comm, algorithm=algorithm, check=check, timeout=timeout).run()
 
 
@@ -197,17 +198,10 @@ def reduce(x, op="sum", root=0, *, comm=None, out=None, algorithm="auto", dtype=
     is only looked at on root.
     """
     o = _opkey(op)
-    if dtype is None and check is None and timeout is None and type(x) is np.ndarray and o is not None \
-            and type(algorithm) is str and type(root) is int:
-        key = ("reduce", x.shape, x.dtype, o, root, algorithm, _mode(x, out))
-        k = _kept(comm, key)
-        if k is not None:
-            res = k(x, out)
-            if res is not _MISS:
-                return res
-        plan = _plan.reduce(x, op, root, comm=comm, out=out, algorithm=algorithm)
-        _keep(plan, key, key[-1])
-        return plan.run()
+    if _plain_call(x, algorithm, dtype, check, timeout) and o is not None and type(root) is int:
+        return _door(("reduce", x.shape, x.dtype, o, root, algorithm, _mode(x, out)), comm, (x, out),
+                     lambda nb: _plan.reduce(x, op, root, comm=comm, out=out, algorithm=algorithm, nonblocking=nb),
+                     True, _mode(x, out))
     return _plan.reduce(x, op, root, comm=comm, out=out, algorithm=algorithm, dtype=dtype, check=check,
                         timeout=timeout).run()
 
@@ -220,18 +214,11 @@ def iallreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", dtype=None
     the result). Same arguments as ``allreduce``; every algorithm name works.
     Do not touch ``x`` or ``out`` before the request completes."""
     o = _opkey(op)
-    if type(x) is np.ndarray and o is not None and type(algorithm) is str and dtype is None \
-            and compression is None and reproducible is False and check is None and timeout is None:
+    if o is not None and _plain_call(x, algorithm, dtype, compression, check, timeout) and reproducible is False:
         # allreduce's signature and kept decision (the same for both forms)
-        key = ("allreduce", x.shape, x.dtype, o, algorithm, _mode(x, out))
-        k = _kept(comm, key)
-        if k is not None:
-            plan = k.bind(x, out)
-            if plan is not _MISS:
-                return plan.start()
-        plan = _plan.allreduce(x, op, comm=comm, out=out, algorithm=algorithm, nonblocking=True)
-        _keep(plan, key, key[-1])
-        return plan.start()
+        return _door(("allreduce", x.shape, x.dtype, o, algorithm, _mode(x, out)), comm, (x, out),
+                     lambda nb: _plan.allreduce(x, op, comm=comm, out=out, algorithm=algorithm, nonblocking=nb),
+                     False, _mode(x, out))
     return _plan.allreduce(x, op, comm=comm, out=out, algorithm=algorithm, dtype=dtype, compression=compression,
                            reproducible=reproducible, check=check, timeout=timeout, nonblocking=True).start()
 
@@ -245,18 +232,30 @@ def ireduce_scatter(x, op="sum", *, comm=None, counts=None, out=None, algorithm=
 
 def iallgather(x, *, comm=None, out=None, algorithm="auto", check=None, timeout=None):
     """Nonblocking ``allgather``; returns a Request."""
+    if _plain_call(x, algorithm, check, timeout):
+        return _door(("allgather", x.shape, x.dtype, algorithm, out is not None), comm, (x, out),
+                     lambda nb: _plan.allgather(x, comm=comm, out=out, algorithm=algorithm, nonblocking=nb), False,
+                     out is not None)
     return _plan.allgather(x, comm=comm, out=out, algorithm=algorithm, check=check, timeout=timeout,
                            nonblocking=True).start()
 
 
 def ibcast(x, root=0, *, comm=None, algorithm="auto", check=None, timeout=None):
     """Nonblocking ``bcast``; returns a Request."""
+    if _plain_call(x, algorithm, check, timeout) and type(root) is int:
+        return _door(("bcast", x.shape, x.dtype, root, algorithm), comm, (x,),
+                     lambda nb: _plan.bcast(x, root, comm=comm, algorithm=algorithm, nonblocking=nb), False)
     return _plan.bcast(x, root, comm=comm, algorithm=algorithm, check=check, timeout=timeout,
                        nonblocking=True).start()
 
 
 def ireduce(x, op="sum", root=0, *, comm=None, out=None, algorithm="auto", dtype=None, check=None, timeout=None):
     """Nonblocking ``reduce``; returns a Request (its result is None off root)."""
+    o = _opkey(op)
+    if _plain_call(x, algorithm, dtype, check, timeout) and o is not None and type(root) is int:
+        return _door(("reduce", x.shape, x.dtype, o, root, algorithm, _mode(x, out)), comm, (x, out),
+                     lambda nb: _plan.reduce(x, op, root, comm=comm, out=out, algorithm=algorithm, nonblocking=nb),
+                     False, _mode(x, out))
     return _plan.reduce(x, op, root, comm=comm, out=out, algorithm=algorithm, dtype=dtype, check=check,
                         timeout=timeout, nonblocking=True).start()
 
@@ -346,18 +345,12 @@ def scatter(x, root=0, *, comm=None, out=None, counts=None, algorithm="auto", ch
     contents are not read) or ``x=None`` and ``out``. On root, ``out`` may be
     row ``root`` of ``x`` itself (in place). Returns this rank's block.
     """
-    if counts is None and check is None and timeout is None and type(algorithm) is str and type(root) is int \
-            and (type(x) is np.ndarray or x is None and type(out) is np.ndarray):
+    if _plain_call(x if x is not None else out, algorithm, counts, check, timeout) and type(root) is int:
         a = x if x is not None else out
-        key = ("scatter", None if x is None else x.shape, a.dtype, None if out is None else out.shape, root, algorithm)
-        k = _kept(comm, key)
-        if k is not None:
-            res = k(x, out)
-            if res is not _MISS:
-                return res
-        plan = _plan.scatter(x, root, comm=comm, out=out, algorithm=algorithm)
-        _keep(plan, key)
-        return plan.run()
+        return _door(("scatter", None if x is None else x.shape, a.dtype, None if out is None else out.shape, root,
+                      algorithm), comm, (x, out),
+                     lambda nb: _plan.scatter(x, root, comm=comm, out=out, algorithm=algorithm, nonblocking=nb),
+                     True)
     return _plan.scatter(x, root, comm=comm, out=out, counts=counts, algorithm=algorithm, check=check,
                          timeout=timeout).run()
 
@@ -367,17 +360,10 @@ def gather(x, root=0, *, comm=None, out=None, counts=None, algorithm="auto", che
     rank i), or with ``counts`` the flat concatenation. ``x`` may be root's
     own row/block of ``out`` (in place). Returns the result on root, None elsewhere.
     """
-    if counts is None and check is None and timeout is None and type(x) is np.ndarray and type(algorithm) is str \
-            and type(root) is int:
-        key = ("gather", x.shape, x.dtype, root, algorithm, out is not None)
-        k = _kept(comm, key)
-        if k is not None:
-            res = k(x, out)
-            if res is not _MISS:
-                return res
-        plan = _plan.gather(x, root, comm=comm, out=out, algorithm=algorithm)
-        _keep(plan, key)
-        return plan.run()
+    if _plain_call(x, algorithm, counts, check, timeout) and type(root) is int:
+        return _door(("gather", x.shape, x.dtype, root, algorithm, out is not None), comm, (x, out),
+                     lambda nb: _plan.gather(x, root, comm=comm, out=out, algorithm=algorithm, nonblocking=nb),
+                     True)
     return _plan.gather(x, root, comm=comm, out=out, counts=counts, algorithm=algorithm, check=check,
                         timeout=timeout).run()
 
@@ -393,16 +379,10 @@ def allgatherv(x, counts, *, comm=None, out=None, algorithm="auto", check=None, 
 def alltoall(x, *, comm=None, out=None, algorithm="auto", check=None, timeout=None):
     """Row j of ``x`` (shape ``(p,) + s``) goes to rank j; row i of the result
     came from rank i. ``out=x`` works in place."""
-    if check is None and timeout is None and type(x) is np.ndarray and type(algorithm) is str:
-        key = ("alltoall", x.shape, x.dtype, algorithm, _mode(x, out))
-        k = _kept(comm, key)
-        if k is not None:
-            res = k(x, out)
-            if res is not _MISS:
-                return res
-        plan = _plan.alltoall(x, comm=comm, out=out, algorithm=algorithm)
-        _keep(plan, key, key[-1])
-        return plan.run()
+    if _plain_call(x, algorithm, check, timeout):
+        return _door(("alltoall", x.shape, x.dtype, algorithm, _mode(x, out)), comm, (x, out),
+                     lambda nb: _plan.alltoall(x, comm=comm, out=out, algorithm=algorithm, nonblocking=nb),
+                     True, _mode(x, out))
     return _plan.alltoall(x, comm=comm, out=out, algorithm=algorithm, check=check, timeout=timeout).run()
 
 
@@ -416,12 +396,22 @@ def alltoallv(x, sendcounts, recvcounts, *, comm=None, out=None, algorithm="auto
 
 def iscatter(x, root=0, *, comm=None, out=None, counts=None, algorithm="auto", check=None, timeout=None):
     """Nonblocking ``scatter``; returns a Request."""
+    if _plain_call(x if x is not None else out, algorithm, counts, check, timeout) and type(root) is int:
+        a = x if x is not None else out
+        return _door(("scatter", None if x is None else x.shape, a.dtype, None if out is None else out.shape, root,
+                      algorithm), comm, (x, out),
+                     lambda nb: _plan.scatter(x, root, comm=comm, out=out, algorithm=algorithm, nonblocking=nb),
+                     False)
     return _plan.scatter(x, root, comm=comm, out=out, counts=counts, algorithm=algorithm, check=check,
                          timeout=timeout, nonblocking=True).start()
 
 
 def igather(x, root=0, *, comm=None, out=None, counts=None, algorithm="auto", check=None, timeout=None):
     """Nonblocking ``gather``; returns a Request (its result is None off root)."""
+    if _plain_call(x, algorithm, counts, check, timeout) and type(root) is int:
+        return _door(("gather", x.shape, x.dtype, root, algorithm, out is not None), comm, (x, out),
+                     lambda nb: _plan.gather(x, root, comm=comm, out=out, algorithm=algorithm, nonblocking=nb),
+                     False)
     return _plan.gather(x, root, comm=comm, out=out, counts=counts, algorithm=algorithm, check=check,
                         timeout=timeout, nonblocking=True).start()
 
@@ -434,6 +424,10 @@ def iallgatherv(x, counts, *, comm=None, out=None, algorithm="auto", check=None,
 
 def ialltoall(x, *, comm=None, out=None, algorithm="auto", check=None, timeout=None):
     """Nonblocking ``alltoall``; returns a Request."""
+    if _plain_call(x, algorithm, check, timeout):
+        return _door(("alltoall", x.shape, x.dtype, algorithm, _mode(x, out)), comm, (x, out),
+                     lambda nb: _plan.alltoall(x, comm=comm, out=out, algorithm=algorithm, nonblocking=nb),
+                     False, _mode(x, out))
     return _plan.alltoall(x, comm=comm, out=out, algorithm=algorithm, check=check, timeout=timeout,
                           nonblocking=True).start()
 

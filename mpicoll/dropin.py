@@ -317,6 +317,9 @@ class Comm(MPI.Intracomm):
                 _served("Allreduce", mode)
                 _api.allreduce(x, name, comm=self, out=out, algorithm=algorithm)
                 return None
+            if mode == "start":  # the same kept decisions
+                _served("Allreduce", mode)
+                return _api.iallreduce(x, name, comm=self, out=out, algorithm=algorithm)
             return _go("Allreduce", mode, _plan.allreduce, x, name, comm=self, out=out, algorithm=algorithm)
         try:
             if not isinstance(op, MPI.Op):
@@ -475,12 +478,14 @@ class Comm(MPI.Intracomm):
         return self._bcast(buf, root, algorithm, "init", info)
 
     def _bcast(self, buf, root, algorithm, mode, info=MPI.INFO_NULL):
-        if mode == "run" and type(buf) is np.ndarray and type(root) is int and buf.dtype.kind in _PLAIN_KINDS:
+        if mode != "init" and type(buf) is np.ndarray and type(root) is int and buf.dtype.kind in _PLAIN_KINDS:
             fl = buf.flags
             if fl.c_contiguous and fl.writeable and 0 <= root < self.Get_size():
-                # A plain array: mpicoll.bcast's own door, whose kept plan
+                # A plain array: mpicoll.(i)bcast's own door, whose kept plan
                 # serves a repeated signature without parsing (plancache.py).
                 _served("Bcast", mode)
+                if mode == "start":
+                    return _api.ibcast(buf, root, comm=self, algorithm=algorithm)
                 _api.bcast(buf, root, comm=self, algorithm=algorithm)
                 return None
         try:
@@ -506,16 +511,17 @@ class Comm(MPI.Intracomm):
         return self._allgather(sendbuf, recvbuf, algorithm, "init", info)
 
     def _allgather(self, sendbuf, recvbuf, algorithm, mode, info=MPI.INFO_NULL):
-        if mode == "run" and type(sendbuf) is np.ndarray and type(recvbuf) is np.ndarray \
+        if mode != "init" and type(sendbuf) is np.ndarray and type(recvbuf) is np.ndarray \
                 and sendbuf.dtype == recvbuf.dtype and sendbuf.dtype.kind in _PLAIN_KINDS:
             p = self.Get_size()
             fs, fr = sendbuf.flags, recvbuf.flags
             if recvbuf.size == p * sendbuf.size and fs.c_contiguous and fr.c_contiguous and fr.writeable \
                     and not np.may_share_memory(sendbuf, recvbuf):
-                # Plain arrays: mpicoll.allgather's own door (kept plans, as in _bcast).
+                # Plain arrays: mpicoll.(i)allgather's own door (kept plans, as in _bcast).
                 _served("Allgather", mode)
-                _api.allgather(sendbuf, comm=self, out=recvbuf.reshape((p,) + sendbuf.shape), algorithm=algorithm)
-                return None
+                fn = _api.allgather if mode == "run" else _api.iallgather
+                req = fn(sendbuf, comm=self, out=recvbuf.reshape((p,) + sendbuf.shape), algorithm=algorithm)
+                return None if mode == "run" else req
         try:
             p, rank = self.Get_size(), self.Get_rank()
             r = parse(recvbuf, writable=True, blocks=p)
@@ -621,12 +627,13 @@ class _FamilyMethods:
 
     def _scatter(self, which, sendbuf, recvbuf, root, algorithm, mode, info=MPI.INFO_NULL):
         v = which == "Scatterv"
-        if not v and mode == "run":
+        if not v and mode != "init":
             x = _plain_rooted(self, sendbuf, recvbuf, root, recv_side=True)
-            if x is not False:  # plain arrays: mpicoll.scatter's own door (kept plans)
+            if x is not False:  # plain arrays: mpicoll.(i)scatter's own door (kept plans)
                 _served(which, mode)
-                _api.scatter(x, root, comm=self, out=recvbuf, algorithm=algorithm)
-                return None
+                fn = _api.scatter if mode == "run" else _api.iscatter
+                req = fn(x, root, comm=self, out=recvbuf, algorithm=algorithm)
+                return None if mode == "run" else req
         try:
             if not _root_arg(root, self.Get_size()):
                 raise _Native("a root mpi4py or MPI refuses")
@@ -681,12 +688,13 @@ class _FamilyMethods:
 
     def _gather(self, which, sendbuf, recvbuf, root, algorithm, mode, info=MPI.INFO_NULL):
         v = which == "Gatherv"
-        if not v and mode == "run":
+        if not v and mode != "init":
             out = _plain_rooted(self, recvbuf, sendbuf, root, recv_side=False)
-            if out is not False:  # plain arrays: mpicoll.gather's own door (kept plans)
+            if out is not False:  # plain arrays: mpicoll.(i)gather's own door (kept plans)
                 _served(which, mode)
-                _api.gather(sendbuf, root, comm=self, out=out, algorithm=algorithm)
-                return None
+                fn = _api.gather if mode == "run" else _api.igather
+                req = fn(sendbuf, root, comm=self, out=out, algorithm=algorithm)
+                return None if mode == "run" else req
         try:
             if not _root_arg(root, self.Get_size()):
                 raise _Native("a root mpi4py or MPI refuses")
@@ -769,17 +777,18 @@ class _FamilyMethods:
 
     def _alltoall(self, which, sendbuf, recvbuf, algorithm, mode, info=MPI.INFO_NULL):
         v = which == "Alltoallv"
-        if not v and mode == "run" and type(sendbuf) is np.ndarray and type(recvbuf) is np.ndarray \
+        if not v and mode != "init" and type(sendbuf) is np.ndarray and type(recvbuf) is np.ndarray \
                 and sendbuf.dtype == recvbuf.dtype and sendbuf.dtype.kind in _PLAIN_KINDS:
             p = self.Get_size()
             fs, fr = sendbuf.flags, recvbuf.flags
             if sendbuf.size == recvbuf.size and sendbuf.size % p == 0 and fs.c_contiguous and fr.c_contiguous \
                     and fr.writeable and not np.may_share_memory(sendbuf, recvbuf):
-                # plain arrays: mpicoll.alltoall's own door (kept plans)
+                # plain arrays: mpicoll.(i)alltoall's own door (kept plans)
                 _served(which, mode)
                 shape = (p, sendbuf.size // p)
-                _api.alltoall(sendbuf.reshape(shape), comm=self, out=recvbuf.reshape(shape), algorithm=algorithm)
-                return None
+                fn = _api.alltoall if mode == "run" else _api.ialltoall
+                req = fn(sendbuf.reshape(shape), comm=self, out=recvbuf.reshape(shape), algorithm=algorithm)
+                return None if mode == "run" else req
         try:
             p = self.Get_size()
             s = None

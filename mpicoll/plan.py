@@ -633,7 +633,7 @@ def reduce(x, op="sum", root=0, *, comm=None, out=None, algorithm="auto", dtype=
     if timeout is None and stage is None and unstage is None and src.dtype == arr.dtype \
             and (p == 1 or plan.native is not None):
         datatype, mop = _mpi._typed(red)
-        plan.kept = KeptReduce(st, datatype, mop, red if red.op.average else None, root)
+        plan.kept = KeptReduce(st, datatype, mop, red, root)
     return plan
 
 
@@ -1013,6 +1013,13 @@ def alltoallv(x, sendcounts, recvcounts, *, comm=None, out=None, algorithm="auto
 # exactly as the full path would (a non-contiguous or misaligned array, an
 # overlap, a changed environment) is a MISS and takes the full path, which
 # also raises the usual errors.
+#
+# Every kept class has one shape: ``_bufs(x, out)`` checks the call and
+# returns (x, out, result) or MISS; ``_blocking``/``_nonblocking`` make the
+# MPI library's call in its two forms (the same collective as the full
+# path's, so ranks that hit and ranks that miss still match); ``_finish``
+# runs after it (avg's division). ``call`` is False when there is nothing
+# to exchange (one rank, no bytes).
 
 from .plancache import MISS as _MISS, Kept as _Kept, env_unchanged as _env_unchanged  # noqa: E402
 
@@ -1023,13 +1030,64 @@ def _plain(a) -> bool:
     return fl.c_contiguous and fl.aligned
 
 
-def _writable_out(out, x) -> bool:
-    """``out`` can receive a result shaped like ``x`` without staging, and
+def _free_out(out, shape, dtype, x) -> bool:
+    """``out`` can receive a ``shape``/``dtype`` result without staging and
     does not overlap ``x``."""
-    if type(out) is not np.ndarray or out.shape != x.shape or out.dtype != x.dtype:
+    if type(out) is not np.ndarray or out.shape != shape or out.dtype != dtype:
         return False
     fl = out.flags
     return fl.c_contiguous and fl.aligned and fl.writeable and not np.may_share_memory(x, out)
+
+
+class _KeptCall(_Kept):
+    __slots__ = ("call", "mode")
+
+    def __init__(self, st, call):
+        super().__init__(st)
+        self.call, self.mode = call, 0
+
+    def _usable(self, x) -> bool:
+        return not self.st.freed and _plain(x) and _env_unchanged(self)
+
+    def _finish(self, out):
+        pass
+
+    def __call__(self, x, out=None):
+        """Blocking: the result, or MISS."""
+        b = self._bufs(x, out)
+        if b is _MISS:
+            return b
+        x, out, result = b
+        if self.call:
+            st = self.st
+            enter(st)
+            try:
+                st.next_seq()
+                self._blocking(x, out)
+                self._finish(out)
+            finally:
+                st.busy.release()
+        return result
+
+    def start(self, x, out=None):
+        """Nonblocking: an engine request over the library's I-call, or MISS."""
+        b = self._bufs(x, out)
+        if b is _MISS:
+            return b
+        x, out, result = b
+        if not self.call:
+            return engine.Request.completed(result)
+        st = self.st
+        enter(st)
+        try:
+            st.next_seq()
+            req = self._nonblocking(x, out)
+        finally:
+            st.busy.release()
+        return engine.start_native(req, result, None if out is None else self._after(out), x.nbytes, st)
+
+    def _after(self, out):
+        return None
 
 
 class KeptAllreduce(_Kept):
@@ -1055,7 +1113,7 @@ class KeptAllreduce(_Kept):
             return np.empty(x.shape, x.dtype)
         if mode == 1:
             return x if x.flags.writeable else _MISS
-        return out if _writable_out(out, x) else _MISS
+        return out if _free_out(out, x.shape, x.dtype, x) else _MISS
 
     def __call__(self, x, out):
         out = self._out(x, out)
@@ -1079,10 +1137,24 @@ class KeptAllreduce(_Kept):
             st.busy.release()
         return out
 
-    def bind(self, x, out):
-        """A nonblocking plan of this decision over the call's arrays, or MISS."""
+    def start(self, x, out):
+        """Nonblocking: a request of this decision over the call's arrays, or MISS."""
         out = self._out(x, out)
-        return out if out is _MISS else self._plan(x, out, None)
+        if out is _MISS:
+            return out
+        st = self.st
+        if self.datatype is None or st.size == 1:
+            return self._plan(x, out, None).start()
+        enter(st)
+        try:
+            st.next_seq()
+            dt = self.datatype
+            req = st.comm.Iallreduce(MPI.IN_PLACE if out is x else [x, dt], [out, dt], self.op)
+        finally:
+            st.busy.release()
+        red, size = self.red, st.size
+        finish = (lambda: red.finish(out.reshape(-1), size)) if red.op.average else None
+        return engine.start_native(req, out, finish, x.nbytes, st)
 
     def _plan(self, x, out, pool):
         st, red = self.st, self.red
@@ -1106,109 +1178,102 @@ class KeptAllreduce(_Kept):
         return plan
 
 
-class KeptBcast(_Kept):
-    """bcast: MPI_Bcast of the call's array as bytes (nothing when it is empty
-    or the communicator has one rank)."""
+class KeptBcast(_KeptCall):
+    """bcast: MPI_Bcast of the call's array as bytes (in place)."""
 
-    __slots__ = ("root", "call")
+    __slots__ = ("root",)
 
     def __init__(self, st, root, call):
-        super().__init__(st)
-        self.root, self.call = root, call
+        super().__init__(st, call)
+        self.root = root
 
-    def __call__(self, x):
-        st = self.st
+    def _bufs(self, x, out):
         fl = x.flags
-        if st.freed or not (fl.c_contiguous and fl.writeable) or not _env_unchanged(self):
+        if self.st.freed or not (fl.c_contiguous and fl.writeable) or not _env_unchanged(self):
             return _MISS
-        if self.call:
-            enter(st)
-            try:
-                st.next_seq()
-                st.comm.Bcast([x, MPI.BYTE], self.root)
-            finally:
-                st.busy.release()
-        return x
+        return x, x, x
+
+    def _blocking(self, x, out):
+        self.st.comm.Bcast([x, MPI.BYTE], self.root)
+
+    def _nonblocking(self, x, out):
+        return self.st.comm.Ibcast([x, MPI.BYTE], self.root)
 
 
-class KeptReduce(_Kept):
-    """reduce: MPI_Reduce from the call's array into root's result (or, on
-    one rank, a copy). ``mode`` as KeptAllreduce's, on the root."""
+class KeptReduce(_KeptCall):
+    """reduce: MPI_Reduce from the call's array into root's result (one rank
+    copies). ``mode`` as KeptAllreduce's, on the root; None off root."""
 
-    __slots__ = ("datatype", "op", "avg", "root", "mode")
+    __slots__ = ("datatype", "op", "red", "root")
 
-    def __init__(self, st, datatype, op, avg, root):
-        super().__init__(st)
-        self.datatype, self.op, self.avg, self.root, self.mode = datatype, op, avg, root, 0
+    def __init__(self, st, datatype, op, red, root):
+        super().__init__(st, st.size > 1)
+        self.datatype, self.op, self.red, self.root = datatype, op, red, root
 
-    def __call__(self, x, out):
-        st = self.st
-        if st.freed or not _plain(x) or not _env_unchanged(self):
+    def _bufs(self, x, out):
+        if not self._usable(x):
             return _MISS
-        root = self.root
-        if st.rank != root:
-            out = None
-        elif self.mode == 0:
+        if self.st.rank != self.root:
+            return x, None, None
+        if self.mode == 0:
             out = np.empty(x.shape, x.dtype)
         elif self.mode == 1:
             if not x.flags.writeable:
                 return _MISS
-        elif not _writable_out(out, x):
+        elif not _free_out(out, x.shape, x.dtype, x):
             return _MISS
-        if st.size == 1:
-            if self.mode != 1:
-                out[...] = x
-            return out
+        if self.st.size == 1 and out is not x:
+            out[...] = x
+        return x, out, out
+
+    def _args(self, x, out):
         dt = self.datatype
-        enter(st)
-        try:
-            st.next_seq()
-            if out is None:
-                st.comm.Reduce([x, dt], None, self.op, root)
-            else:
-                st.comm.Reduce(MPI.IN_PLACE if self.mode == 1 else [x, dt], [out, dt], self.op, root)
-                if self.avg is not None:
-                    self.avg.finish(out.reshape(-1), st.size)
-        finally:
-            st.busy.release()
-        return out
+        if out is None:
+            return [x, dt], None, self.op, self.root
+        return MPI.IN_PLACE if out is x else [x, dt], [out, dt], self.op, self.root
+
+    def _blocking(self, x, out):
+        self.st.comm.Reduce(*self._args(x, out))
+
+    def _nonblocking(self, x, out):
+        return self.st.comm.Ireduce(*self._args(x, out))
+
+    def _finish(self, out):
+        if out is not None and self.red.op.average:
+            self.red.finish(out.reshape(-1), self.st.size)
+
+    def _after(self, out):
+        return (lambda: self._finish(out)) if self.red.op.average else None
 
 
-class KeptAllgather(_Kept):
+class KeptAllgather(_KeptCall):
     """allgather: x placed in row ``rank`` of the result, then the MPI
     library's in-place MPI_Allgatherv over equal byte blocks (the full
-    path's call, so ranks that hit and ranks that miss still match)."""
+    path's call)."""
 
-    __slots__ = ("spec", "call", "mode")
+    __slots__ = ("spec",)
 
     def __init__(self, st, block, call):
-        super().__init__(st)
+        super().__init__(st, call)
         p = st.size
         self.spec = ([block] * p, [block * i for i in range(p)])
-        self.call, self.mode = call, 0
 
-    def __call__(self, x, out):
-        st = self.st
-        if st.freed or not _plain(x) or not _env_unchanged(self):
+    def _bufs(self, x, out):
+        if not self._usable(x):
             return _MISS
-        shape = (st.size,) + x.shape
+        shape = (self.st.size,) + x.shape
         if self.mode == 0:
             out = np.empty(shape, x.dtype)
-        else:
-            if type(out) is not np.ndarray or out.shape != shape or out.dtype != x.dtype:
-                return _MISS
-            fl = out.flags
-            if not (fl.c_contiguous and fl.aligned and fl.writeable) or np.may_share_memory(x, out):
-                return _MISS
-        out[st.rank] = x
-        if self.call:
-            enter(st)
-            try:
-                st.next_seq()
-                st.comm.Allgatherv(MPI.IN_PLACE, [out, self.spec, MPI.BYTE])
-            finally:
-                st.busy.release()
-        return out
+        elif not _free_out(out, shape, x.dtype, x):
+            return _MISS
+        out[self.st.rank] = x
+        return x, out, out
+
+    def _blocking(self, x, out):
+        self.st.comm.Allgatherv(MPI.IN_PLACE, [out, self.spec, MPI.BYTE])
+
+    def _nonblocking(self, x, out):
+        return self.st.comm.Iallgatherv(MPI.IN_PLACE, [out, self.spec, MPI.BYTE])
 
 
 def _kept_rooted(cls, plan, root, bounds):
@@ -1219,15 +1284,15 @@ def _kept_rooted(cls, plan, root, bounds):
     return cls(plan.st, root, [b - a for a, b in bounds], [a for a, _ in bounds], plan.schedule is not None)
 
 
-class _KeptRooted(_Kept):
+class _KeptRooted(_KeptCall):
     """scatter/gather's kept call: byte counts and displacements of the
-    equal blocks, ``call`` False when there is nothing to exchange."""
+    equal blocks."""
 
-    __slots__ = ("root", "spec", "call", "mode")
+    __slots__ = ("root", "spec")
 
     def __init__(self, st, root, counts, displs, call):
-        super().__init__(st)
-        self.root, self.spec, self.call, self.mode = root, (counts, displs), call, 0
+        super().__init__(st, call)
+        self.root, self.spec = root, (counts, displs)
 
 
 class KeptScatter(_KeptRooted):
@@ -1235,98 +1300,92 @@ class KeptScatter(_KeptRooted):
     the full path calls it. Root's x is ``(p,) + s``; another rank's x may be
     None (then ``out`` gives the shape) and is not read."""
 
-    def __call__(self, x, out):
+    def _bufs(self, x, out):
         st = self.st
-        if st.freed or not _env_unchanged(self):
-            return _MISS
-        is_root = st.rank == self.root
-        if x is not None and not _plain(x):
+        if st.freed or not _env_unchanged(self) or x is not None and not _plain(x):
             return _MISS
         if out is None:
             if x is None:
                 return _MISS
             out = np.empty(x.shape[1:], x.dtype)
+        elif x is not None:
+            if not _free_out(out, x.shape[1:], x.dtype, x):
+                return _MISS
         else:
             fl = out.flags
-            if type(out) is not np.ndarray or not (fl.c_contiguous and fl.aligned and fl.writeable) \
-                    or (x is not None and (out.dtype != x.dtype or out.shape != x.shape[1:]
-                                           or np.may_share_memory(x, out))):
+            if type(out) is not np.ndarray or not (fl.c_contiguous and fl.aligned and fl.writeable):
                 return _MISS
-        if is_root:
+        if st.rank == self.root:
             out[...] = x[self.root]
-        if self.call:
-            enter(st)
-            try:
-                st.next_seq()
-                if is_root:
-                    st.comm.Scatterv([x, self.spec, MPI.BYTE], MPI.IN_PLACE, self.root)
-                else:
-                    st.comm.Scatterv(None, [out, MPI.BYTE], self.root)
-            finally:
-                st.busy.release()
-        return out
+        return (out if x is None else x), out, out
+
+    def _args(self, x, out):
+        if self.st.rank == self.root:
+            return [x, self.spec, MPI.BYTE], MPI.IN_PLACE, self.root
+        return None, [out, MPI.BYTE], self.root
+
+    def _blocking(self, x, out):
+        self.st.comm.Scatterv(*self._args(x, out))
+
+    def _nonblocking(self, x, out):
+        return self.st.comm.Iscatterv(*self._args(x, out))
 
 
 class KeptGather(_KeptRooted):
     """gather (equal blocks): root places its own row, then MPI_Gatherv as the
     full path calls it; None off root."""
 
-    def __call__(self, x, out):
-        st = self.st
-        if st.freed or not _plain(x) or not _env_unchanged(self):
+    def _bufs(self, x, out):
+        if not self._usable(x):
             return _MISS
-        is_root = st.rank == self.root
-        if is_root:
-            shape = (st.size,) + x.shape
-            if out is None:
-                out = np.empty(shape, x.dtype)
-            else:
-                fl = out.flags
-                if type(out) is not np.ndarray or out.shape != shape or out.dtype != x.dtype \
-                        or not (fl.c_contiguous and fl.aligned and fl.writeable) or np.may_share_memory(x, out):
-                    return _MISS
-            out[self.root] = x
-        else:
-            out = None
-        if self.call:
-            enter(st)
-            try:
-                st.next_seq()
-                if is_root:
-                    st.comm.Gatherv(MPI.IN_PLACE, [out, self.spec, MPI.BYTE], self.root)
-                else:
-                    st.comm.Gatherv([x, MPI.BYTE], None, self.root)
-            finally:
-                st.busy.release()
-        return out
+        st = self.st
+        if st.rank != self.root:
+            return x, None, None
+        shape = (st.size,) + x.shape
+        if out is None:
+            out = np.empty(shape, x.dtype)
+        elif not _free_out(out, shape, x.dtype, x):
+            return _MISS
+        out[self.root] = x
+        return x, out, out
+
+    def _args(self, x, out):
+        if out is not None:
+            return MPI.IN_PLACE, [out, self.spec, MPI.BYTE], self.root
+        return [x, MPI.BYTE], None, self.root
+
+    def _blocking(self, x, out):
+        self.st.comm.Gatherv(*self._args(x, out))
+
+    def _nonblocking(self, x, out):
+        return self.st.comm.Igatherv(*self._args(x, out))
 
 
-class KeptAlltoall(_Kept):
+class KeptAlltoall(_KeptCall):
     """alltoall: MPI_Alltoall of equal byte blocks between the call's arrays
     (out apart from x; one rank copies)."""
 
-    __slots__ = ("block", "call", "mode")
+    __slots__ = ("block",)
 
     def __init__(self, st, block, call):
-        super().__init__(st)
-        self.block, self.call, self.mode = block, call, 0
+        super().__init__(st, call and st.size > 1)
+        self.block = block
 
-    def __call__(self, x, out):
-        st = self.st
-        if st.freed or not _plain(x) or not _env_unchanged(self):
+    def _bufs(self, x, out):
+        if not self._usable(x):
             return _MISS
         if self.mode == 0:
             out = np.empty(x.shape, x.dtype)
-        elif not _writable_out(out, x):
+        elif not _free_out(out, x.shape, x.dtype, x):
             return _MISS
-        if st.size == 1:
+        if self.st.size == 1:
             out[...] = x
-        elif self.call:
-            enter(st)
-            try:
-                st.next_seq()
-                bs = self.block
-                st.comm.Alltoall([x, bs, MPI.BYTE], [out, bs, MPI.BYTE])
-            finally:
-                st.busy.release()
-        return out
+        return x, out, out
+
+    def _blocking(self, x, out):
+        bs = self.block
+        self.st.comm.Alltoall([x, bs, MPI.BYTE], [out, bs, MPI.BYTE])
+
+    def _nonblocking(self, x, out):
+        bs = self.block
+        return self.st.comm.Ialltoall([x, bs, MPI.BYTE], [out, bs, MPI.BYTE])

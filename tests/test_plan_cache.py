@@ -206,3 +206,30 @@ def test_data_movement_doors_hit_with_new_arrays(comm, builds):
     # shaped (p, 1) and (p, 1) again from Comm.Alltoall's flat buffers, once
     # with out and once without
     assert builds == {"scatter": 2, "gather": 2 if r == root else 1, "alltoall": 2}, builds
+
+
+def test_nonblocking_forms_share_the_kept_decisions(comm, builds):
+    p, r = comm.size, comm.rank
+    root = p // 2
+    for i in range(3):
+        for nb in (False, True):
+            def go(fn, *args, **kw):
+                if nb:
+                    return getattr(mpicoll, "i" + fn)(*args, comm=comm, **kw).wait()
+                return getattr(mpicoll, fn)(*args, comm=comm, **kw)
+            b = np.full(3, i if r == root else -1, np.int64)
+            assert go("bcast", b, root) is b and (b == i).all()
+            got = go("reduce", np.full(4, r + i, np.float32), "avg", root)
+            if r == root:
+                np.testing.assert_allclose(got, np.full(4, (p - 1) / 2 + i))
+            else:
+                assert got is None
+            rows = go("allgather", np.array([r, i], np.int8))
+            assert (rows == [[k, i] for k in range(p)]).all()
+            full = np.arange(2 * p, dtype=np.uint16).reshape(p, 2) + i
+            assert (go("scatter", full, root) == full[r]).all()
+            g = go("gather", np.full(1, r * i, np.int32), root)
+            assert (g.ravel() == np.arange(p) * i).all() if r == root else g is None
+            send = np.array([[r * 10 + j + i] for j in range(p)], np.int64)
+            assert (go("alltoall", send) == [[j * 10 + r + i] for j in range(p)]).all()
+    assert builds == {"bcast": 1, "reduce": 1, "allgather": 1, "scatter": 1, "gather": 1, "alltoall": 1}, builds
