@@ -1,0 +1,285 @@
+"""Issue 20's new algorithms (k-nomial tree, cascade, heterogeneity-aware
+ring) on simulated ranks (schedule.simulate, no MPI): every p = 1..33,
+awkward counts (0, fewer elements than ranks, not divisible by p), a sample
+of every op and dtype; results equal numpy's and every rank holds the same
+bits. The ``-m mpi`` tests at the end run them through the public API
+(blocking, nonblocking, persistent) under mpiexec."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mpicoll import dtypes, ops, schedule
+from mpicoll.algorithms import get
+from mpicoll.kernels import Reduction
+
+# Every op with the numpy function that reduces a stack of inputs along axis 0.
+NUMPY_OPS = {
+    "sum": lambda x: np.sum(x, axis=0),
+    "prod": lambda x: np.prod(x, axis=0),
+    "min": lambda x: np.min(x, axis=0),
+    "max": lambda x: np.max(x, axis=0),
+    "band": lambda x: np.bitwise_and.reduce(x, axis=0),
+    "bor": lambda x: np.bitwise_or.reduce(x, axis=0),
+    "bxor": lambda x: np.bitwise_xor.reduce(x, axis=0),
+    "land": lambda x: np.logical_and.reduce(x != 0, axis=0),
+    "lor": lambda x: np.logical_or.reduce(x != 0, axis=0),
+    "lxor": lambda x: np.logical_xor.reduce(x != 0, axis=0),
+}
+
+
+def to_storage(values, dt) -> np.ndarray:
+    """float64 values (exactly representable) as ``dt``'s storage array."""
+    if dt.name == "float16":
+        return np.asarray(values, np.float16).view(np.uint16)
+    if dt.name == "bfloat16":
+        return (np.asarray(values, np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    return np.asarray(values).astype(dt.storage)
+
+
+def from_storage(buf, dt) -> np.ndarray:
+    if dt.name == "float16":
+        return buf.view(np.float16).astype(np.float64)
+    if dt.name == "bfloat16":
+        return (buf.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return buf
+
+
+def inputs_for(p, count, dt, op, seed):
+    """Per-rank inputs whose reduction is exact in ``dt`` in any order:
+    small integers (±1 for prod, so that no product overflows)."""
+    rng = np.random.default_rng(seed)
+    lo = 0 if dt.kind == "uint" else -3
+    if op == "prod":
+        vals = [rng.choice([1, -1] if lo else [1], count) for _ in range(p)]
+    else:
+        vals = [rng.integers(lo, 4, count) for _ in range(p)]
+    return [to_storage(v.astype(np.float64) if dt.kind == "float" else v, dt) for v in vals]
+
+
+def expected(inputs, dt, op):
+    if dt.kind == "float":
+        x = np.stack([from_storage(v, dt) for v in inputs]) if inputs[0].size else np.zeros((len(inputs), 0))
+        return to_storage(NUMPY_OPS[op](x), dt)
+    return NUMPY_OPS[op](np.stack(inputs)).astype(dt.storage)
+
+
+def run_allreduce(name, inputs, dt, op="sum", out_of_place=False, **knobs):
+    """Simulate all-reduce ``name``; (per-rank outputs, per-rank SimStats)."""
+    p = len(inputs)
+    red = Reduction(ops.resolve(op), dt)
+    outs = [np.full_like(x, 7) if out_of_place else x.copy() for x in inputs]
+    sched = get("allreduce", name).schedule
+
+    def make(ctx, stats):
+        src = inputs[ctx.rank] if out_of_place else None
+        return sched(ctx, outs[ctx.rank], schedule.CountingReduction(red, stats), src, **knobs)
+
+    return outs, schedule.simulate(p, make)
+
+
+def assert_allreduced(outs, want, what):
+    for r, out in enumerate(outs):
+        assert out.tobytes() == want.tobytes(), f"{what}: rank {r} got {out[:8]}..., want {want[:8]}..."
+
+
+def awkward_counts(p):
+    return sorted({0, 1, max(p - 1, 0), p + 1, 2 * p + 3, 37})
+
+
+def valid_pairs():
+    for op in NUMPY_OPS:
+        for dt in dtypes.ALL:
+            if dt.kind in ops.BY_NAME[op].kinds:
+                yield op, dt.name
+
+
+# ---- k-nomial tree ----------------------------------------------------------------
+
+@pytest.mark.parametrize("p", range(1, 34))
+@pytest.mark.parametrize("radix", [2, 3, 4, 8])
+def test_knomial_allreduce_every_p(p, radix):
+    dt = dtypes.BY_NAME["float32"]
+    for count in awkward_counts(p):
+        inputs = inputs_for(p, count, dt, "sum", p * 100 + count)
+        outs, _ = run_allreduce("knomial", inputs, dt, radix=radix, out_of_place=count % 2 == 1)
+        assert_allreduced(outs, expected(inputs, dt, "sum"), f"knomial k={radix} p={p} count={count}")
+
+
+@pytest.mark.parametrize("op,dtype", list(valid_pairs()))
+def test_knomial_every_op_dtype(op, dtype):
+    dt = dtypes.BY_NAME[dtype]
+    for p in (5, 11):
+        inputs = inputs_for(p, 13, dt, op, p)
+        outs, _ = run_allreduce("knomial", inputs, dt, op, radix=3)
+        assert_allreduced(outs, expected(inputs, dt, op), f"knomial {op} {dtype} p={p}")
+
+
+@pytest.mark.parametrize("p", [2, 5, 9, 17, 33])
+def test_knomial_same_bits_on_every_rank(p):
+    # Non-integer floats: the sum depends on the order; every rank must still
+    # hold the root's bits.
+    dt = dtypes.BY_NAME["float64"]
+    rng = np.random.default_rng(p)
+    inputs = [rng.standard_normal(23) for _ in range(p)]
+    outs, _ = run_allreduce("knomial", inputs, dt, radix=4)
+    assert_allreduced(outs, outs[0], f"knomial p={p}")
+    np.testing.assert_allclose(outs[0], np.sum(inputs, axis=0), rtol=1e-12)
+
+
+class _Recorder(schedule._Network):
+    """The simulated network, also logging every message (source, dest, bytes) in posting order."""
+
+    log: list = []
+
+    def post(self, op):
+        if op.kind == schedule.SEND:
+            type(self).log.append((op.ctx.rank, op.peer, op.buf.nbytes))
+        super().post(op)
+
+
+def _messages(monkeypatch, coll, name, p, root, **knobs):
+    monkeypatch.setattr(schedule, "_Network", _Recorder)
+    _Recorder.log = []
+    dt = dtypes.BY_NAME["int32"]
+    bufs = [np.arange(5, dtype=np.int32) + r for r in range(p)]
+    red = Reduction(ops.resolve("sum"), dt)
+    sched = get(coll, name).schedule
+    if coll == "bcast":
+        schedule.simulate(p, lambda ctx, s: sched(ctx, bufs[ctx.rank], root, **knobs))
+    elif coll == "reduce":
+        schedule.simulate(p, lambda ctx, s: sched(ctx, bufs[ctx.rank], red, root, **knobs))
+    else:
+        schedule.simulate(p, lambda ctx, s: sched(ctx, bufs[ctx.rank], red, None, **knobs))
+    return sorted(_Recorder.log), bufs
+
+
+@pytest.mark.parametrize("p", range(1, 20))
+@pytest.mark.parametrize("coll", ["allreduce", "reduce", "bcast"])
+def test_knomial_radix_2_is_the_binomial_tree(monkeypatch, p, coll):
+    root = 0 if coll == "allreduce" else p // 2
+    tree, _ = _messages(monkeypatch, coll, "tree", p, root)
+    kn, _ = _messages(monkeypatch, coll, "knomial", p, root, radix=2)
+    assert kn == tree
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 7, 16, 17, 33])
+@pytest.mark.parametrize("radix", [2, 4, 5])
+def test_knomial_reduce_and_bcast_any_root(p, radix):
+    dt = dtypes.BY_NAME["int64"]
+    red = Reduction(ops.resolve("sum"), dt)
+    for root in sorted({0, p - 1, p // 2}):
+        bufs = [np.arange(9, dtype=np.int64) * (r + 1) for r in range(p)]
+        want = np.sum(bufs, axis=0)
+        schedule.simulate(p, lambda ctx, s: get("reduce", "knomial").schedule(ctx, bufs[ctx.rank], red, root,
+                                                                               radix=radix))
+        np.testing.assert_array_equal(bufs[root], want)
+        bufs = [np.zeros(9, np.int64) if r != root else np.arange(9, dtype=np.int64) + 5 for r in range(p)]
+        schedule.simulate(p, lambda ctx, s: get("bcast", "knomial").schedule(ctx, bufs[ctx.rank], root, radix=radix))
+        for b in bufs:
+            np.testing.assert_array_equal(b, np.arange(9) + 5)
+
+
+@pytest.mark.parametrize("p,radix", [(16, 4), (27, 3), (30, 4), (64, 8)])
+def test_knomial_root_messages(p, radix):
+    # The root receives k-1 messages per level in the reduce and sends as many
+    # in the bcast: (k-1) ceil(log_k p) each when p is a power of k, fewer at
+    # the top level otherwise.
+    dt = dtypes.BY_NAME["int32"]
+    inputs = [np.ones(4, np.int32) for _ in range(p)]
+    outs, stats = run_allreduce("knomial", inputs, dt, radix=radix)
+    levels = 1
+    while radix ** levels < p:
+        levels += 1
+    top = -(-p // radix ** (levels - 1)) - 1  # children of the root at the top level
+    assert stats[0].messages == (radix - 1) * (levels - 1) + top
+    assert stats[0].bytes_reduced == stats[0].messages * 16
+    assert max(s.messages for s in stats[1:]) <= 1 + (radix - 1) * (levels - 1)
+    assert_allreduced(outs, np.full(4, p, np.int32), "knomial")
+
+
+@pytest.mark.parametrize("radix", [1, 0, 2.0, True, "4"])
+def test_knomial_bad_radix(radix):
+    dt = dtypes.BY_NAME["int32"]
+    with pytest.raises(ValueError, match="radix"):
+        run_allreduce("knomial", [np.ones(3, np.int32)] * 2, dt, radix=radix)
+
+
+# ---- under MPI: blocking, nonblocking, persistent ------------------------------------
+
+# (algorithm, knobs) pairs run through the public API under mpiexec.
+MPI_CASES = [("knomial", {}), ("knomial", {"radix": 2}), ("knomial", {"radix": 3})]
+
+
+def _mpi_inputs(p, n, dtype, op):
+    dt = dtypes.BY_NAME[dtype]
+    return inputs_for(p, n, dt, op, 1000 + n), dt
+
+
+def _run_mpi(comm, name, knobs, x, dt, op, mode):
+    from mpicoll import plan as _plan
+
+    kw = dict(op=op, comm=comm, algorithm=name, dtype=dt.name if dt.name in ("float16", "bfloat16") else None)
+    if mode == "blocking":
+        return _plan.allreduce(x, knobs=knobs, **kw).run()
+    if mode == "nonblocking":
+        return _plan.allreduce(x, knobs=knobs, nonblocking=True, **kw).start().wait()
+    req = _plan.Persistent(_plan.allreduce(x, knobs=knobs, nonblocking=True, **kw))
+    try:
+        out = None
+        for _ in range(2):  # twice: a persistent request runs again with the bound buffers
+            req.start()
+            out = req.wait()
+        return out
+    finally:
+        req.free()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("name,knobs", MPI_CASES)
+@pytest.mark.parametrize("mode", ["blocking", "nonblocking", "persistent"])
+def test_mpi_allreduce(name, knobs, mode):
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    p = comm.size
+    for dtype, op in (("float32", "sum"), ("int64", "max"), ("bfloat16", "sum"), ("uint8", "bxor")):
+        for n in sorted({0, 1, max(p - 1, 1), 2 * p + 1, 1000}):
+            inputs, dt = _mpi_inputs(p, n, dtype, op)
+            want = expected(inputs, dt, op)
+            got = _run_mpi(comm, name, knobs, inputs[comm.rank].copy(), dt, op, mode)
+            got = np.asarray(got).view(want.dtype).reshape(-1)
+            assert got.tobytes() == want.tobytes(), f"{name} {knobs} {mode} {dtype} {op} n={n}"
+            every = comm.allgather(got.tobytes())
+            assert all(b == every[0] for b in every)
+
+
+@pytest.mark.mpi
+def test_mpi_public_api_and_rooted():
+    """The public doors with the default knobs, and k-nomial reduce/bcast at every root."""
+    from mpi4py import MPI
+
+    import mpicoll
+
+    comm = MPI.COMM_WORLD
+    p, rank = comm.size, comm.rank
+    x = np.arange(11, dtype=np.float64) + rank
+    want = np.arange(11) * p + p * (p - 1) / 2
+    for name in sorted({c[0] for c in MPI_CASES}):
+        np.testing.assert_array_equal(mpicoll.allreduce(x, comm=comm, algorithm=name), want)
+        np.testing.assert_array_equal(mpicoll.iallreduce(x, comm=comm, algorithm=name).wait(), want)
+        req = mpicoll.allreduce_init(x, comm=comm, algorithm=name)
+        np.testing.assert_array_equal(req(), want)
+        req.free()
+    for root in range(p):
+        got = mpicoll.reduce(x, root=root, comm=comm, algorithm="knomial")
+        if rank == root:
+            np.testing.assert_array_equal(got, want)
+        else:
+            assert got is None
+        y = np.arange(7, dtype=np.int32) * (rank + 1)
+        mpicoll.bcast(y, root=root, comm=comm, algorithm="knomial")
+        np.testing.assert_array_equal(y, np.arange(7) * (root + 1))
+        y = np.zeros(7, np.int32) if rank != root else np.arange(7, dtype=np.int32)
+        mpicoll.ibcast(y, root=root, comm=comm, algorithm="knomial").wait()
+        np.testing.assert_array_equal(y, np.arange(7))
