@@ -205,10 +205,97 @@ def test_knomial_bad_radix(radix):
         run_allreduce("knomial", [np.ones(3, np.int32)] * 2, dt, radix=radix)
 
 
+# ---- cascade -------------------------------------------------------------------------
+
+def test_cascade_layout():
+    from mpicoll.algorithms.cascade import layout
+
+    assert layout(7, 3) == [[0, 1, 2], [3, 4, 5], [6]]
+    assert layout(4, 8) == [[0, 1, 2, 3]]
+    assert layout(3, 1) == [[0], [1], [2]]
+    for bad in (0, -1, 2.0, True, None):
+        with pytest.raises(ValueError, match="ppn"):
+            layout(4, bad)
+
+
+@pytest.mark.parametrize("p", range(1, 34))
+@pytest.mark.parametrize("ppn", [1, 2, 3, 4, 8])
+def test_cascade_allreduce_every_p(p, ppn):
+    dt = dtypes.BY_NAME["float32"]
+    for count in awkward_counts(p) + [5 * ppn + 1]:
+        inputs = inputs_for(p, count, dt, "sum", p * 100 + count)
+        outs, _ = run_allreduce("cascade", inputs, dt, ppn=ppn, out_of_place=count % 2 == 1)
+        assert_allreduced(outs, expected(inputs, dt, "sum"), f"cascade ppn={ppn} p={p} count={count}")
+
+
+@pytest.mark.parametrize("cross", ["ring", "recursive_doubling", "rabenseifner", "tree", "knomial"])
+@pytest.mark.parametrize("p,ppn", [(6, 2), (7, 3), (12, 4), (13, 4), (5, 1)])
+def test_cascade_every_cross_algorithm(cross, p, ppn):
+    dt = dtypes.BY_NAME["int32"]
+    for count in (0, 2, 3 * p + 2, 100):
+        inputs = inputs_for(p, count, dt, "sum", count)
+        outs, _ = run_allreduce("cascade", inputs, dt, ppn=ppn, cross=cross, out_of_place=count == 100)
+        assert_allreduced(outs, expected(inputs, dt, "sum"), f"cascade cross={cross} p={p} count={count}")
+
+
+@pytest.mark.parametrize("op,dtype", list(valid_pairs()))
+def test_cascade_every_op_dtype(op, dtype):
+    dt = dtypes.BY_NAME[dtype]
+    for p, ppn in ((5, 2), (9, 4)):
+        inputs = inputs_for(p, 13, dt, op, p)
+        outs, _ = run_allreduce("cascade", inputs, dt, op, ppn=ppn)
+        assert_allreduced(outs, expected(inputs, dt, op), f"cascade {op} {dtype} p={p}")
+
+
+@pytest.mark.parametrize("p,ppn", [(2, 1), (6, 3), (11, 4), (33, 8)])
+def test_cascade_same_bits_on_every_rank(p, ppn):
+    dt = dtypes.BY_NAME["float64"]
+    rng = np.random.default_rng(p)
+    for count in (5, 40000):  # recursive doubling across nodes, then the ring (>= 64 KiB shards)
+        inputs = [rng.standard_normal(count) for _ in range(p)]
+        outs, _ = run_allreduce("cascade", inputs, dt, ppn=ppn)
+        assert_allreduced(outs, outs[0], f"cascade p={p} count={count}")
+        np.testing.assert_allclose(outs[0], np.sum(inputs, axis=0), rtol=1e-10)
+
+
+def inter_node_traffic(monkeypatch, name, p, node_size, count, **knobs):
+    """Per rank (messages, bytes) sent to other nodes, simulated."""
+    monkeypatch.setattr(schedule, "_Network", _Recorder)
+    _Recorder.log = []
+    dt = dtypes.BY_NAME["float32"]
+    outs, _ = run_allreduce(name, [np.ones(count, np.float32)] * p, dt, **knobs)
+    assert_allreduced(outs, np.full(count, p, np.float32), name)
+    msgs, nbytes = [0] * p, [0] * p
+    for src, dst, n in _Recorder.log:
+        if src // node_size != dst // node_size:
+            msgs[src] += 1
+            nbytes[src] += n
+    return msgs, nbytes
+
+
+@pytest.mark.parametrize("nodes,ppn", [(2, 2), (4, 4), (3, 8)])
+def test_cascade_spreads_inter_node_bytes(monkeypatch, nodes, ppn):
+    # Every rank sends 2 (N-1)/N n/L bytes to other nodes (the cross ring of
+    # its shard): 2 (N-1)/N n per node, spread over its L ranks, where a flat
+    # ring sends 2 (p-1)/p n through the one rank at the node's boundary.
+    p, count = nodes * ppn, nodes * ppn * 2048  # divisible: equal shards and ring blocks
+    msgs, nbytes = inter_node_traffic(monkeypatch, "cascade", p, ppn, count, ppn=ppn, cross="ring")
+    per_rank = 2 * (nodes - 1) * (count * 4 // ppn) // nodes
+    assert nbytes == [per_rank] * p
+    assert msgs == [2 * (nodes - 1)] * p
+    ring_msgs, ring_bytes = inter_node_traffic(monkeypatch, "ring", p, ppn, count)
+    for m in range(nodes):
+        node = slice(m * ppn, (m + 1) * ppn)
+        assert sum(nbytes[node]) == 2 * (nodes - 1) * count * 4 // nodes
+        assert sum(ring_bytes[node]) == max(ring_bytes[node]) == 2 * (p - 1) * count * 4 // p
+    assert max(msgs) < max(ring_msgs) or nodes * ppn <= 4
+
+
 # ---- under MPI: blocking, nonblocking, persistent ------------------------------------
 
 # (algorithm, knobs) pairs run through the public API under mpiexec.
-MPI_CASES = [("knomial", {}), ("knomial", {"radix": 2}), ("knomial", {"radix": 3})]
+MPI_CASES = [("knomial", {}), ("knomial", {"radix": 2}), ("knomial", {"radix": 3}),
+             ("cascade", {}), ("cascade", {"ppn": 2}), ("cascade", {"ppn": 2, "cross": "ring"})]
 
 
 def _mpi_inputs(p, n, dtype, op):
