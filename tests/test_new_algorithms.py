@@ -291,11 +291,122 @@ def test_cascade_spreads_inter_node_bytes(monkeypatch, nodes, ppn):
     assert max(msgs) < max(ring_msgs) or nodes * ppn <= 4
 
 
+# ---- heterogeneity-aware ring ------------------------------------------------------------
+
+def _weights(p, seed):
+    rng = np.random.default_rng(seed)
+    return [float(w) for w in rng.choice([1.0, 2.5, 11.0], p)]
+
+
+@pytest.mark.parametrize("p", range(1, 34))
+def test_hetero_ring_every_p(p):
+    dt = dtypes.BY_NAME["float32"]
+    for weights in (None, [1] * p, _weights(p, p), [10] + [1] * (p - 1)):
+        for count in awkward_counts(p):
+            inputs = inputs_for(p, count, dt, "sum", p * 100 + count)
+            outs, _ = run_allreduce("hetero_ring", inputs, dt, weights=weights, out_of_place=count % 2 == 1)
+            assert_allreduced(outs, expected(inputs, dt, "sum"), f"hetero_ring {weights} p={p} count={count}")
+
+
+@pytest.mark.parametrize("p", [2, 3, 7])
+@pytest.mark.parametrize("segment_bytes", [4, 24, None])
+def test_hetero_ring_segments(p, segment_bytes):
+    dt = dtypes.BY_NAME["int32"]
+    knobs = {} if segment_bytes is None else {"segment_bytes": segment_bytes}
+    for count in (p, 3 * p + 1, 200):
+        inputs = inputs_for(p, count, dt, "sum", count)
+        outs, _ = run_allreduce("hetero_ring", inputs, dt, weights=_weights(p, count), **knobs)
+        assert_allreduced(outs, expected(inputs, dt, "sum"), f"hetero_ring p={p} count={count}")
+
+
+@pytest.mark.parametrize("op,dtype", list(valid_pairs()))
+def test_hetero_ring_every_op_dtype(op, dtype):
+    dt = dtypes.BY_NAME[dtype]
+    for p in (4, 7):
+        inputs = inputs_for(p, 29, dt, op, p)
+        outs, _ = run_allreduce("hetero_ring", inputs, dt, op, weights=[3] + [1] * (p - 1))
+        assert_allreduced(outs, expected(inputs, dt, op), f"hetero_ring {op} {dtype} p={p}")
+
+
+@pytest.mark.parametrize("p", [2, 5, 16])
+def test_hetero_ring_same_bits_on_every_rank(p):
+    dt = dtypes.BY_NAME["float64"]
+    rng = np.random.default_rng(p)
+    inputs = [rng.standard_normal(1000) for _ in range(p)]
+    outs, _ = run_allreduce("hetero_ring", inputs, dt, weights=_weights(p, 1))
+    assert_allreduced(outs, outs[0], f"hetero_ring p={p}")
+    np.testing.assert_allclose(outs[0], np.sum(inputs, axis=0), rtol=1e-10)
+
+
+@pytest.mark.parametrize("p", [2, 3, 6, 9])
+def test_hetero_ring_equal_weights_is_the_ring(monkeypatch, p):
+    runs = []
+    for name, knobs in (("ring", {}), ("hetero_ring", {}), ("hetero_ring", {"weights": [2.0] * p})):
+        monkeypatch.setattr(schedule, "_Network", _Recorder)
+        _Recorder.log = []
+        inputs = [np.arange(50, dtype=np.int32) + r for r in range(p)]
+        run_allreduce(name, inputs, dtypes.BY_NAME["int32"], **knobs)
+        runs.append(list(_Recorder.log))
+    assert runs[0] == runs[1] == runs[2]
+
+
+def test_weighted_bounds():
+    from mpicoll.algorithms.common import block_bounds
+    from mpicoll.algorithms.hetero_ring import weighted_bounds
+
+    assert weighted_bounds(10, [1, 1, 1]) == block_bounds(10, 3)
+    assert weighted_bounds(10, [3, 1, 1]) == [(0, 6), (6, 8), (8, 10)]
+    assert weighted_bounds(0, [3, 1]) == [(0, 0), (0, 0)]
+    b = weighted_bounds(1000, [1, 11, 11, 1])
+    assert [y - x for x, y in b] == [41, 459, 458, 42]  # cuts at floor(1000 * 1/24, 12/24, 23/24)
+
+
+def test_weights_for_links():
+    from mpicoll.algorithms.hetero_ring import weights_for_links
+
+    # Noise within half of the fastest link: equal weights, the plain ring.
+    assert weights_for_links([1.0, 1.3, 0.9, 1.1]) == [2.0] * 4
+    # Link 1 (rank 1 -> 2) ten times slower: blocks 1 and 2 are the long ones.
+    assert weights_for_links([1.0, 10.0, 1.0, 1.0]) == [2.0, 11.0, 11.0, 2.0]
+    with pytest.raises(ValueError, match="positive"):
+        weights_for_links([0.0, 1.0])
+
+
+def test_hetero_ring_relieves_the_slow_link(monkeypatch):
+    # The bytes through the slow link (rank 1 -> 2) drop from 2 (p-1)/p n
+    # to 2 n - b_1 - b_2; the others carry more, as the weights intend.
+    # (inter_node_traffic with one rank per node counts every message.)
+    from mpicoll.algorithms.hetero_ring import weighted_bounds, weights_for_links
+
+    p, count = 4, 1 << 14
+    w = weights_for_links([1.0, 10.0, 1.0, 1.0])
+    plain = inter_node_traffic(monkeypatch, "ring", p, 1, count)[1]
+    aware = inter_node_traffic(monkeypatch, "hetero_ring", p, 1, count, weights=w)[1]
+    assert plain == [2 * (p - 1) * count * 4 // p] * p
+    b = [y - x for x, y in weighted_bounds(count, w)]
+    assert aware == [(2 * count - b[r] - b[(r + 1) % p]) * 4 for r in range(p)]
+    assert aware[1] < 0.8 * plain[1]  # 2 n - 22/26 n against 2 n - 2/4 n
+
+
+@pytest.mark.parametrize("weights", [[1, 2], [1, 1, 0], [1, -1, 1], [1, float("nan"), 1], "fast", 3, [True] * 3])
+def test_hetero_ring_bad_weights(weights):
+    dt = dtypes.BY_NAME["int32"]
+    with pytest.raises(ValueError, match="weights"):
+        run_allreduce("hetero_ring", [np.ones(5, np.int32)] * 3, dt, weights=weights)
+
+
+def test_hetero_ring_measure_needs_prepare():
+    dt = dtypes.BY_NAME["int32"]
+    with pytest.raises(RuntimeError, match="prepare"):
+        run_allreduce("hetero_ring", [np.ones(5, np.int32)] * 3, dt, weights="measure")
+
+
 # ---- under MPI: blocking, nonblocking, persistent ------------------------------------
 
 # (algorithm, knobs) pairs run through the public API under mpiexec.
 MPI_CASES = [("knomial", {}), ("knomial", {"radix": 2}), ("knomial", {"radix": 3}),
-             ("cascade", {}), ("cascade", {"ppn": 2}), ("cascade", {"ppn": 2, "cross": "ring"})]
+             ("cascade", {}), ("cascade", {"ppn": 2}), ("cascade", {"ppn": 2, "cross": "ring"}),
+             ("hetero_ring", {}), ("hetero_ring", {"weights": "measure"}), ("hetero_ring", {"weights": "ramp"})]
 
 
 def _mpi_inputs(p, n, dtype, op):
@@ -305,6 +416,9 @@ def _mpi_inputs(p, n, dtype, op):
 
 def _run_mpi(comm, name, knobs, x, dt, op, mode):
     from mpicoll import plan as _plan
+
+    if knobs.get("weights") == "ramp":  # uneven blocks, the same list on every rank
+        knobs = dict(knobs, weights=[1 + 2 * r for r in range(comm.size)])
 
     kw = dict(op=op, comm=comm, algorithm=name, dtype=dt.name if dt.name in ("float16", "bfloat16") else None)
     if mode == "blocking":
