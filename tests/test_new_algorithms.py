@@ -401,6 +401,59 @@ def test_hetero_ring_measure_needs_prepare():
         run_allreduce("hetero_ring", [np.ones(5, np.int32)] * 3, dt, weights="measure")
 
 
+# ---- the cost model's terms equal the simulated counts --------------------------------
+
+SEED_KNOBS = {
+    "knomial": [{}, {"radix": 2}, {"radix": 3}, {"radix": 8}],
+    "cascade": [{"ppn": 1}, {"ppn": 2}, {"ppn": 3}, {"ppn": 4, "cross": "ring"},
+                {"ppn": 4, "cross": "recursive_doubling"}],
+    "hetero_ring": [{}, {"weights": "ramp"}, {"weights": "one slow"}],
+}
+ITEMS = {1: "int8", 2: "int16", 4: "float32", 8: "float64"}
+
+
+def _concrete(knobs, p):
+    w = knobs.get("weights")
+    if w == "ramp":
+        return dict(knobs, weights=[1 + r for r in range(p)])
+    if w == "one slow":
+        return dict(knobs, weights=[11.0 if r in (0, 1) else 2.0 for r in range(p)])
+    return knobs
+
+
+@pytest.mark.parametrize("name", sorted(SEED_KNOBS))
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 5, 7, 8, 9, 12, 16, 17])
+def test_model_terms_equal_simulated_counts(name, p):
+    from mpicoll import model
+
+    for knobs in SEED_KNOBS[name]:
+        knobs = _concrete(knobs, p)
+        for count in sorted({0, 1, p - 1, p, p + 1, 2 * p + 1, 31, 4097, 40000}):
+            for itemsize in ((1, 4, 8) if count < 5000 else (4,)):
+                dt = dtypes.BY_NAME[ITEMS[itemsize]]
+                inputs = inputs_for(p, count, dt, "sum", count)
+                outs, stats = run_allreduce(name, inputs, dt, **knobs)
+                assert_allreduced(outs, expected(inputs, dt, "sum"), f"{name} {knobs} p={p} count={count}")
+                want = (max(s.messages for s in stats), max(s.bytes_sent for s in stats),
+                        max(s.bytes_reduced for s in stats))
+                got = tuple(model.terms(name, p, count * itemsize, itemsize, **knobs))
+                assert got == want, f"{name} {knobs} p={p} count={count} itemsize={itemsize}: model {got}, sim {want}"
+
+
+def test_model_lists_the_new_algorithms(capsys, tmp_path):
+    from mpicoll import model, profile
+
+    prof = str(tmp_path / "profile.json")
+    params = model.Params(1e-5, 2e-6, 1e-10, 1e-10)
+    profile.save(profile.Profile([], model=model.Model({"p2p": params, "mpi": params}, {})), prof)
+    assert model.main(["--profile", prof, "--p", "64", "--sizes", "8,16777216"]) == 0
+    out = capsys.readouterr().out
+    for name in ("knomial", "cascade", "hetero_ring"):
+        assert name in out, out
+    with pytest.raises(ValueError, match="ppn"):
+        model.terms("cascade", 8, 64)
+
+
 # ---- under MPI: blocking, nonblocking, persistent ------------------------------------
 
 # (algorithm, knobs) pairs run through the public API under mpiexec.
