@@ -48,8 +48,8 @@ from __future__ import annotations
 
 from . import register
 
-# Radix 4 halves the binomial tree's rounds for 1.5x its bytes at the root
-# (MPICH's default k-nomial radix for its tree collectives is 4 as well).
+# Radix 4 halves the binomial tree's rounds for 1.5x its bytes at the root:
+# the short-message trade this algorithm is for.
 RADIX = 4
 
 
