@@ -19,9 +19,10 @@ Description:  The ring all-reduce of ring.py (reduce-scatter, then
               rank (the schedule cannot check that; ``check=True`` catches a
               disagreement as a size mismatch at worst), or the string
               ``"measure"``: the ``prepare`` hook then times, once per
-              communicator, a short message from every rank to its right
-              neighbour (all links at once, as the ring uses them), shares
-              the times with an allgather, and derives the weights with
+              communicator, a 1 MiB message from every rank to its right
+              neighbour (a third of the links at a time, timed by the
+              receiver), shares the times with an allgather, and derives
+              the weights with
               ``weights_for_links`` (identical on every rank). ``None`` or
               equal weights: exactly the plain ring.
 Cost:         Link r carries 2 n - b_r - b_(r+1) bytes in 2 (p-1) steps
@@ -30,15 +31,16 @@ Cost:         Link r carries 2 n - b_r - b_(r+1) bytes in 2 (p-1) steps
               by max_r s_r (2 n - b_r - b_(r+1)) and by the slowest block's
               chain, (p-1) max_r b_r / max bandwidth. Equal weights: the
               ring's 2 (p-1) alpha + 2 (p-1)/p n beta + (p-1)/p n gamma.
-              Measuring costs 3 round trips of 256 KiB per rank, once.
+              Measuring costs 12 barriers and 3 messages of 1 MiB per rank, once.
 Limitations:  ``weights_for_links`` is a heuristic (block r in proportion
               to the slowness of the two links it relieves, s_(r-1) + s_r),
               not the optimum of the min-max problem; with one link c times
               slower than the others it brings that link's load from
               2 n - 2 n/p to 2 n - n (c+1)/(c+p-1). Measured times
-              are rounded to whole multiples of the fastest link's, so noise
+              are rounded to whole multiples of the median link's, so noise
               on a uniform network gives equal weights (the plain ring), a
-              link must be 1.5 times slower to count, and times are taken once: a link that changes speed later is not seen.
+              link must be 1.5 times slower than the median to count (when
+              most links are slow, none is), and times are taken once: a link that changes speed later is not seen.
               Fewer elements than ranks: recursive doubling, as the ring.
               Every rank ends with the same bits (each block is reduced
               along one chain and copied); the order of the floating-point
@@ -54,9 +56,10 @@ from . import recursive_doubling, register, ring
 from .common import block_bounds
 
 # The ping of ``"measure"``: long enough that bandwidth, not latency,
-# dominates on a 10 Gbit/s link (~0.2 ms), short enough to cost nothing
-# next to the all-reduces it tunes; the fastest of 3 tries.
-PING_BYTES = 256 << 10
+# dominates on a 10 Gbit/s link (~1 ms), and longer than the burst a token
+# bucket lets through at full speed (the test bed's tc shaping allows
+# 256 KiB: a 256 KiB ping saw a 1 Gbit/s link as fast); the fastest of 3.
+PING_BYTES = 1 << 20
 PING_TRIES = 3
 # A tag no collective uses on mpicoll's private communicator (their tags
 # are 1 + seq % tag_span, CommState.next_seq).
@@ -83,12 +86,14 @@ def weights_for_links(seconds) -> list:
     """Ring block weights for per-link times (``seconds[r]``: rank r's link
     to rank r+1, for the same message): block r relieves links r-1 (in the
     allgather) and r (in the reduce-scatter), so it gets weight
-    s_(r-1) + s_r, with each s the time in whole multiples of the fastest
-    link's (noise of up to half of it on equal links gives equal weights)."""
-    fastest = min(seconds)
-    if not fastest > 0:
+    s_(r-1) + s_r, with each s the time in whole multiples of the median
+    link's, at least 1. The median, not the fastest: one link timed too
+    fast (a late barrier exit on a loaded machine) would make every other
+    link look slow; noise of up to half the median gives equal weights."""
+    if not all(t > 0 for t in seconds):
         raise ValueError(f"mpicoll: hetero_ring link times must be positive, got {list(seconds)}")
-    s = [float(max(1, round(t / fastest))) for t in seconds]
+    unit = float(np.median(seconds))
+    s = [float(max(1, round(t / unit))) for t in seconds]
     p = len(s)
     return [s[(r - 1) % p] + s[r] for r in range(p)]
 
@@ -107,30 +112,39 @@ def _check_weights(weights, p):
                          f"(one per rank), got {weights!r}")
 
 
+def _phase(link: int, p: int) -> int:
+    """When link ``link`` (rank link -> link+1) is timed: links r mod 3 at
+    once, so that no rank sends and receives in the same phase (its send
+    would share its CPU and the MPI library's progress with its receive,
+    and be counted as the other link's time); the wrap-around link alone
+    when p is not a multiple of 3."""
+    return 3 if link == p - 1 and p % 3 else link % 3
+
+
 def measure_links(st) -> list:
-    """Collective: every rank's time to send PING_BYTES to its right
-    neighbour (acknowledged by a 1-byte reply), fastest of PING_TRIES, the
-    same list on every rank."""
+    """Collective: the time of PING_BYTES over every rank's link to its right
+    neighbour, fastest of PING_TRIES, the same list on every rank. Each time
+    is taken by the receiver, from a barrier to the message's arrival (no
+    acknowledgement, which would queue behind the sender's other traffic)."""
     from mpi4py import MPI
 
     comm, p, r = st.comm, st.size, st.rank
     right, left = (r + 1) % p, (r - 1) % p
-    out = np.zeros(PING_BYTES, np.uint8)
-    inn = np.empty(PING_BYTES, np.uint8)
-    ack_out, ack_in = np.zeros(1, np.uint8), np.empty(1, np.uint8)
+    buf = np.zeros(PING_BYTES, np.uint8)
     best = math.inf
     for _ in range(PING_TRIES):
-        comm.Barrier()  # every link starts at once, as in the ring
-        t0 = MPI.Wtime()
-        reqs = [comm.Irecv([inn, MPI.BYTE], left, PING_TAG), comm.Irecv([ack_in, MPI.BYTE], right, PING_TAG),
-                comm.Isend([out, MPI.BYTE], right, PING_TAG)]
-        reqs[0].Wait()
-        comm.Send([ack_out, MPI.BYTE], left, PING_TAG)
-        MPI.Request.Waitall(reqs[1:])
-        best = min(best, MPI.Wtime() - t0)
+        for phase in range(4):
+            comm.Barrier()
+            t0 = MPI.Wtime()
+            if _phase(r, p) == phase:
+                comm.Send([buf, MPI.BYTE], right, PING_TAG)
+            if _phase(left, p) == phase:
+                comm.Recv([buf, MPI.BYTE], left, PING_TAG)
+                best = min(best, MPI.Wtime() - t0)
     every = np.empty(p, np.float64)
     comm.Allgather(np.array([best]), every)
-    return every.tolist()
+    # every[q] is link q-1's time (rank q received it): link r is every[r+1].
+    return [float(every[(q + 1) % p]) for q in range(p)]
 
 
 def prepare(st, buf, **knobs) -> None:
