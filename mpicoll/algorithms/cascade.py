@@ -123,11 +123,14 @@ def _check_cross(cross):
 def allreduce(ctx, buf, red, src=None, *, ppn=None, cross=None):
     _check_cross(cross)
     p, rank = ctx.size, ctx.rank
-    nodes = node_info(ctx.st).node_ranks if ppn is None else layout(p, ppn)
+    if ppn is not None:
+        nodes = layout(p, ppn)  # checks ppn before anything else
     if p == 1:
         if src is not None:
             buf[...] = src
         return
+    if ppn is None:
+        nodes = node_info(ctx.st).node_ranks
     mine = next(m for m in nodes if rank in m)
     node = nodes.index(mine)
     L, me = len(mine), mine.index(rank)
