@@ -38,7 +38,16 @@ tree (reduce + bcast)  ceil(log2 p) (root)    ceil(log2 p) n              ceil(l
 recursive_doubling     lg + fold              (lg + fold) n               (lg + fold) n
 rabenseifner           2 lg + fold            2 (pof2-1)/pof2 n + fold n  (pof2-1)/pof2 n + fold n
 mpi (MPICH)            recursive doubling for n <= 2048 B or count < pof2, else Rabenseifner
+knomial (radix k)      (k-1) ceil(log_k p)    (k-1) ceil(log_k p) n       (k-1) ceil(log_k p) n
+cascade (N nodes of L) 2 (L-1) + cross        2 (L-1)/L n + cross         (L-1)/L n + cross
+hetero_ring            as ring                max 2 n - b_r - b_(r+1)     n - min b_r
 =====================  =====================  ==========================  =====================
+
+(knomial: the root's counts when p is a power of k, fewer children at the
+top level otherwise; cascade: ``cross`` is the ring's or recursive
+doubling's terms for N ranks and n/L bytes, once per shard a rank owns;
+hetero_ring: b_r are the weighted blocks. ``terms()`` computes all three
+rank by rank, uneven nodes and blocks included.)
 
 (uneven blocks: ``terms()`` sums the real block lengths, e.g. the ring's
 W is max over r of 2 n - b_r - b_(r+1)). ``segs`` is the number of pipeline
@@ -72,6 +81,14 @@ import numpy as np
 
 P2P = ("ring", "tree", "recursive_doubling", "rabenseifner")
 NATIVE = ("mpi", "MPI_Allreduce")
+# Issue 20's algorithms: priced with the p2p parameters, listed by the CLI,
+# but not (yet) candidates of "auto" nor fitted (no measurements of them in
+# the bench rows); their knobs are terms() arguments.
+SEEDS = ("knomial", "cascade", "hetero_ring")
+# Defaults of their knobs (copies, as RING_SEGMENT_BYTES: knomial.RADIX,
+# cascade.CROSS_RING_MIN_BYTES).
+KNOMIAL_RADIX = 4
+CASCADE_CROSS_RING_MIN_BYTES = 64 << 10
 # MPICH's MPIR_CVAR_ALLREDUCE_SHORT_MSG_SIZE: at most this many bytes,
 # MPIR_Allreduce_intra_auto runs recursive doubling.
 MPICH_SHORT_MSG = 2048
@@ -114,15 +131,90 @@ def _blocks(count: int, p: int) -> list:
     return [q + (1 if i < r else 0) for i in range(p)]
 
 
+def _weighted_blocks(count: int, weights) -> list:
+    """Block lengths of hetero_ring.weighted_bounds (cumulative floors;
+    equal weights: np.array_split's rule)."""
+    if weights is None or all(w == weights[0] for w in weights):
+        return _blocks(count, len(weights) if weights else 1)
+    total = math.fsum(weights)
+    cuts, acc = [0], 0.0
+    for w in weights[:-1]:
+        acc += w
+        cuts.append(min(count, int(count * acc / total)))
+    cuts.append(count)
+    return [b - a for a, b in zip(cuts[:-1], cuts[1:])]
+
+
+def _per_rank(algorithm: str, p: int, count: int, itemsize: int) -> list:
+    """[(messages, bytes sent, bytes combined)] of every rank of a ring or
+    recursive-doubling all-reduce (the cascade's cross step)."""
+    n = count * itemsize
+    if p == 1:
+        return [(0, 0, 0)]
+    if algorithm == "ring" and count >= p:
+        b = _blocks(count, p)
+        segs = max(1, -(-max(b) // max(1, RING_SEGMENT_BYTES // itemsize)))
+        return [((p - 1) * (segs + 1), (2 * count - b[r] - b[(r + 1) % p]) * itemsize,
+                 (count - b[(r - 1) % p]) * itemsize) for r in range(p)]
+    if algorithm not in ("ring", "recursive_doubling"):
+        raise ValueError(f"model: no per-rank terms for {algorithm!r}")
+    lg = _pof2(p).bit_length() - 1
+    rem = p - _pof2(p)
+    out = []
+    for r in range(p):
+        if r < 2 * rem and r % 2 == 0:  # folded out: sends its vector once, combines nothing
+            out.append((1, n, 0))
+        else:
+            extra = 1 if r < 2 * rem else 0
+            out.append((lg + extra, (lg + extra) * n, (lg + extra) * n))
+    return out
+
+
+def _cascade(p: int, count: int, itemsize: int, ppn: int, cross: Optional[str]) -> Terms:
+    """The cascade's terms, rank by rank (algorithms/cascade.py's steps)."""
+    nodes = [list(range(a, min(a + ppn, p))) for a in range(0, p, ppn)]
+    k = max(len(m) for m in nodes)
+    shard = _blocks(count, k)
+    cross_cache: dict = {}
+    most = wire = combined = 0
+    for m, members in enumerate(nodes):
+        L = len(members)
+        for me in range(L):
+            msgs = w = c = 0
+            for j, sz in enumerate(shard):
+                if sz == 0:
+                    continue
+                if j % L != me:  # intra-node: send it to its owner, later receive it back
+                    msgs, w = msgs + 1, w + sz * itemsize
+                    continue
+                c += (L - 1) * sz * itemsize  # its node's L-1 other copies
+                msgs, w = msgs + L - 1, w + (L - 1) * sz * itemsize  # the allgather
+                if len(nodes) > 1:
+                    name = cross or ("ring" if sz * itemsize >= CASCADE_CROSS_RING_MIN_BYTES else "recursive_doubling")
+                    key = (name, sz)
+                    if key not in cross_cache:
+                        cross_cache[key] = _per_rank(name, len(nodes), sz, itemsize)
+                    cm, cw, cc = cross_cache[key][m]
+                    msgs, w, c = msgs + cm, w + cw, c + cc
+            most, wire, combined = max(most, msgs), max(wire, w), max(combined, c)
+    return Terms(most, wire, combined)
+
+
 def terms(algorithm: str, p: int, nbytes: int, itemsize: int = 4, *,
-          segment_bytes: Optional[int] = None) -> Terms:
+          segment_bytes: Optional[int] = None, radix: Optional[int] = None, ppn: Optional[int] = None,
+          cross: Optional[str] = None, weights=None) -> Terms:
     """M, W, R of ``algorithm`` on ``p`` ranks for an ``nbytes`` message:
     the largest, over the ranks, of the messages a rank sends, the bytes it
     sends and the bytes it combines (exactly what the simulated driver,
     ``mpicoll.schedule.simulate``, counts for the algorithm's schedule;
-    tests/test_model_counts.py holds them equal)."""
+    tests/test_model_counts.py and tests/test_new_algorithms.py hold them
+    equal). The other arguments are the algorithms' knobs: ``radix``
+    (knomial), ``ppn`` and ``cross`` (cascade: nodes of ``ppn`` consecutive
+    ranks; required), ``weights`` (hetero_ring)."""
     if p < 1 or nbytes < 0:
         raise ValueError(f"model: need p >= 1 and nbytes >= 0, got p={p}, nbytes={nbytes}")
+    if algorithm == "cascade" and not ppn:
+        raise ValueError("model: the cascade's terms need its layout: ppn (ranks per node)")
     if p == 1:
         return Terms(0, 0, 0)
     count = nbytes // itemsize
@@ -179,9 +271,32 @@ def terms(algorithm: str, p: int, nbytes: int, itemsize: int = 4, *,
             combined = max(combined, c * itemsize + extra)
             most = max(most, 2 * lg + (1 if me < rem else 0))
         return Terms(most, wire, combined)
+    if algorithm == "knomial":
+        # As the tree: a rank has the same children in the reduce (combines
+        # each) and the bcast (sends to each), and one parent (sends once).
+        k = radix or KNOMIAL_RADIX
+        most = combined = 0
+        for v in range(p):
+            children, s = 0, 1
+            while s < p and v % (k * s) == 0:
+                children += sum(1 for j in range(1, k) if v + j * s < p)
+                s *= k
+            most = max(most, children + (v != 0))
+            combined = max(combined, children)
+        return Terms(most, most * n, combined * n)
+    if algorithm == "cascade":
+        return _cascade(p, count, itemsize, ppn, cross)
+    if algorithm == "hetero_ring":
+        if count < p:
+            return terms("recursive_doubling", p, nbytes, itemsize)
+        b = _weighted_blocks(count, list(weights) if weights is not None else [1] * p)
+        seg = max(1, (segment_bytes or RING_SEGMENT_BYTES) // itemsize)
+        segs = max(1, -(-max(b) // seg))
+        wire = max(2 * count - b[r] - b[(r + 1) % p] for r in range(p)) * itemsize
+        return Terms((p - 1) * (segs + 1), wire, (count - min(b)) * itemsize)
     if algorithm in NATIVE:
         return terms(mpich_choice(p, nbytes, itemsize), p, nbytes, itemsize)
-    raise ValueError(f"model: no cost formula for algorithm {algorithm!r}; known: {', '.join(P2P + NATIVE)}")
+    raise ValueError(f"model: no cost formula for algorithm {algorithm!r}; known: {', '.join(P2P + SEEDS + NATIVE)}")
 
 
 def mpich_choice(p: int, nbytes: int, itemsize: int = 4) -> str:
@@ -207,11 +322,11 @@ class Model(NamedTuple):
     rms_rel_error: Dict[str, float]
 
     def predict(self, algorithm: str, p: int, nbytes: int, itemsize: int = 4, *,
-                segment_bytes: Optional[int] = None) -> float:
+                segment_bytes: Optional[int] = None, **knobs) -> float:
         fam = family(algorithm)
         if fam not in self.params:
             raise ValueError(f"model: no fitted parameters for {fam} algorithms ({algorithm})")
-        return self.params[fam].time(terms(algorithm, p, nbytes, itemsize, segment_bytes=segment_bytes))
+        return self.params[fam].time(terms(algorithm, p, nbytes, itemsize, segment_bytes=segment_bytes, **knobs))
 
     def to_json(self) -> dict:
         return {"params": {k: v._asdict() for k, v in self.params.items()},
@@ -326,6 +441,8 @@ def main(argv=None) -> int:
                     help="fit to these bench --json results instead, and print measured vs predicted")
     ap.add_argument("--p", default="16,64,256,1024,4096", help="comma-separated process counts to predict")
     ap.add_argument("--sizes", default="8,4096,65536,1048576,16777216,268435456", help="message sizes in bytes")
+    ap.add_argument("--ppn", type=int, default=8, help="ranks per node for the cascade's prediction")
+    ap.add_argument("--radix", type=int, default=KNOMIAL_RADIX, help="the k-nomial tree's radix")
     args = ap.parse_args(argv)
     if args.fit:
         rows = []
@@ -357,12 +474,15 @@ def main(argv=None) -> int:
         model = prof.model
         print(f"model from {path}")
         _print_params(model)
-    algs = [a for a in P2P + ("mpi",) if family(a) in model.params]
+    algs = [a for a in P2P + ("mpi",) + SEEDS if family(a) in model.params]
+    knobs = {"knomial": {"radix": args.radix}, "cascade": {"ppn": args.ppn}}
     print("predicted time (us) at process counts not measured here:")
+    print(f"  (knomial radix {args.radix}; cascade with {args.ppn} ranks per node; hetero_ring with equal "
+          "weights, i.e. the ring: the model has one link speed)")
     print(f"{'p':>6} {'bytes':>11} " + " ".join(f"{a[:12]:>12}" for a in algs) + "  best")
     for p in (int(s) for s in args.p.split(",")):
         for n in (int(s) for s in args.sizes.split(",")):
-            ts = [model.predict(a, p, n) for a in algs]
+            ts = [model.predict(a, p, n, **knobs.get(a, {})) for a in algs]
             print(f"{p:>6} {n:>11} " + " ".join(f"{t * 1e6:>12.1f}" for t in ts) + f"  {algs[int(np.argmin(ts))]}")
     return 0
 

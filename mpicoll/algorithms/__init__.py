@@ -145,6 +145,7 @@ def has(collective: str, name: str) -> bool:
 from . import mpi, rabenseifner, recursive_doubling, ring, tree  # noqa: E402,F401
 from . import hierarchical, shm  # noqa: E402,F401  (shared-memory and two-level all-reduce)
 from . import binomial, bruck, linear, mpi_family, pairwise, ring_family  # noqa: E402,F401  (scatter ... alltoallv)
+from . import cascade, hetero_ring, knomial  # noqa: E402,F401  (issue 20: the seeds' algorithms)
 
 
 # ``mpicoll.algorithms("allreduce")`` lists names, and ``mpicoll.algorithms``
