@@ -76,6 +76,7 @@ def test_overhead_every_door(tmp_path):
             assert math.isfinite(r["ratio"]) and r["ratio"] > 0, r
             assert r["ratio"] == pytest.approx(r["reference_us"] / r["ours_us"])
             assert r["calls_per_batch"] == 2, r  # --iters caps the batch
+            assert len(r["ours_rounds_us"]) == len(r["reference_rounds_us"]) == 2
     # The printed table: a line per door, each naming its reference call.
     for r in res["rows"]:
         assert f"| `{r['door']}` | `{r['reference']}` |" in proc.stdout, r["door"]

@@ -331,9 +331,10 @@ def _batch(comm, fn, iters: int) -> float:
 
 
 def measure(comm, rows: List[Door], rounds: int, iters: int, budget_s: float, warmup: int, rng) -> list:
-    """[(ours s, theirs s, calls per batch)] per row: medians over ``rounds``
-    of the slowest rank's time per call, every callable interleaved in an
-    order ``rng`` shuffles each round (seeded alike on every rank)."""
+    """[(ours, theirs, calls per batch)] per row, ours and theirs the
+    slowest rank's seconds per call in each of the ``rounds``, every callable
+    interleaved in an order ``rng`` shuffles each round (seeded alike on
+    every rank)."""
     row_iters = []
     for d in rows:
         # Warm-up: the first calls build states, plans and caches; the
@@ -350,7 +351,7 @@ def measure(comm, rows: List[Door], rounds: int, iters: int, budget_s: float, wa
             r, side = divmod(int(i), 2)
             fn = rows[r].ours if side == 0 else rows[r].theirs
             times[r][side].append(_batch(comm, fn, row_iters[r]))
-    return [(float(np.median(o)), float(np.median(t)), n) for (o, t), n in zip(times, row_iters)]
+    return [(o, t, n) for (o, t), n in zip(times, row_iters)]
 
 
 def run(comm, sizes, groups, rounds: int = 5, iters: int = 300, budget_s: float = 0.25, warmup: int = 20,
@@ -364,9 +365,13 @@ def run(comm, sizes, groups, rounds: int = 5, iters: int = 300, budget_s: float 
         keep = []
         table = doors(comm, nbytes, groups, keep, torch_groups)
         for d, (ours, theirs, n) in zip(table, measure(comm, table, rounds, iters, budget_s, warmup, rng)):
+            o, t = float(np.median(ours)), float(np.median(theirs))
+            # Every round kept too: on a shared machine their spread says
+            # how far a median can be trusted.
             rows.append({"group": d.group, "name": d.name, "door": d.label, "reference": d.reference,
-                         "bytes": nbytes, "ours_us": ours * 1e6, "reference_us": theirs * 1e6,
-                         "ratio": theirs / ours, "calls_per_batch": n})
+                         "bytes": nbytes, "ours_us": o * 1e6, "reference_us": t * 1e6, "ratio": t / o,
+                         "calls_per_batch": n, "ours_rounds_us": [v * 1e6 for v in ours],
+                         "reference_rounds_us": [v * 1e6 for v in theirs]})
         for req in keep:
             req.Free()
     meta = {
