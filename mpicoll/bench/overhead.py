@@ -358,7 +358,7 @@ def run(comm, sizes, groups, rounds: int = 5, iters: int = 300, budget_s: float 
         seed: int = 0, torch_groups: Optional[_TorchGroups] = None) -> dict:
     """The whole measurement: {"meta": ..., "rows": [...]}, the same on every rank."""
     check_args(groups, rounds, iters, budget_s)
-    load_before = os.getloadavg()
+    started, load_before = time.gmtime(), os.getloadavg()
     rng = np.random.default_rng(seed)  # same seed everywhere: the same shuffles on every rank
     rows = []
     for nbytes in sizes:
@@ -377,7 +377,7 @@ def run(comm, sizes, groups, rounds: int = 5, iters: int = 300, budget_s: float 
     meta = {
         "schema": SCHEMA, "p": comm.Get_size(), "sizes": list(sizes), "groups": list(groups), "rounds": rounds,
         "iters": iters, "budget_ms": budget_s * 1e3, "warmup": warmup,
-        "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "host": platform.node(),
+        "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", started), "host": platform.node(),
         "cpus": os.cpu_count(), "kernels_isa": kernels.isa(),
         "mpi_library": " ".join(MPI.Get_library_version().splitlines()[0].split()),
         "mpi_version": "%d.%d" % MPI.Get_version(), "mpi4py": __import__("mpi4py").__version__,
