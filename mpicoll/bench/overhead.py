@@ -139,9 +139,11 @@ def _function_doors(comm, b: _Buffers, rank: int) -> List[Door]:
     ]
 
 
-# (mpicoll's i-function / *_init function, mpi4py's method, how each is called
-# given the buffers) for the nine collectives with a nonblocking and a
-# persistent form. The same arguments serve both forms.
+# (mpicoll's function, mpi4py's method, how the i-/init-function is called,
+# the method's arguments) for the ten collectives, each with a nonblocking
+# and a persistent form; the same arguments serve both forms.
+# reduce_scatter's input holds p equal blocks, so its mpi4py twin is
+# Reduce_scatter_block (Comm.Reduce_scatter, counts given, is its own row).
 def _nonblocking_args(comm, b: _Buffers, rank: int):
     root_rows = b.rows if rank == 0 else None
     return [
