@@ -286,7 +286,8 @@ class _TorchGroups:
         t = self.torch.zeros(b.k, dtype=self.torch.float32)
         dist, gloo = self.dist, self.gloo
         return [Door("torch", "torch/all_reduce", "dist.all_reduce(t) [backend mpicoll]",
-                     "dist.all_reduce(t, group=gloo)", lambda: dist.all_reduce(t), lambda: dist.all_reduce(t, group=gloo))]
+                     "dist.all_reduce(t, group=gloo)",
+                     lambda: dist.all_reduce(t), lambda: dist.all_reduce(t, group=gloo))]
 
     def close(self):
         self.dist.destroy_process_group()
