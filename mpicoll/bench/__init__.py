@@ -6,7 +6,7 @@
     mpiexec -n 4 python -m mpi4py -m mpicoll.bench compression   # fp16/bf16/top-k: time and bytes sent
     mpiexec -n 4 python -m mpi4py -m mpicoll.bench bucketing     # fused buckets vs one all-reduce per array
     mpiexec -n 2 python -m mpi4py -m mpicoll.bench torch         # torch.distributed: mpicoll backend vs gloo
-    mpiexec -n 2 python -m mpi4py -m mpicoll.bench overhead      # per-call cost of every door vs MPI_Allreduce
+    mpiexec -n 2 python -m mpi4py -m mpicoll.bench overhead      # per-call cost of every door vs the same mpi4py call
     mpiexec -n 2 python -m mpi4py -m mpicoll.bench overlap       # nonblocking overlap, every algorithm
     mpiexec -n 4 python -m mpi4py -m mpicoll.bench family        # scatter ... alltoallv vs native MPI
 
