@@ -392,3 +392,200 @@ def _in_child(fn, *args):
     if not ok:
         raise value
     return value
+
+
+# ---- the study: a table of algorithms x (p, size) --------------------------------
+
+def estimated_messages(algorithm: str, p: int, nbytes: int, itemsize: int = 4) -> Optional[int]:
+    """Messages of the whole call (p x the busiest rank's, from the cost
+    model), or None when the model does not price ``algorithm``."""
+    from . import model
+
+    if algorithm not in model.P2P:
+        return None
+    return p * model.terms(algorithm, p, nbytes, itemsize).messages
+
+
+def auto_choice(p: int, nbytes: int, ppn: int, dtype: str = "float32", op: str = "sum", profile=None):
+    """What ``algorithm="auto"`` runs for this call on ``p`` ranks, ``ppn``
+    per node (mpicoll.select, the same pure function the plan layer asks)."""
+    from . import select
+    from .dtypes import BY_NAME
+    from .mpitypes import reduces_natively
+    from .ops import resolve
+
+    nodes = -(-p // ppn)
+    return select.allreduce(p, nbytes, op, dtype, native_dtype=reduces_natively(BY_NAME[dtype], resolve(op)),
+                            profile=profile, ranks_per_node=min(ppn, p), nodes=nodes)
+
+
+def load_native(files) -> Dict[tuple, float]:
+    """SMPI anchor results (sim/run_anchor.py JSON): (selector, collective,
+    p, bytes) -> seconds per call."""
+    out = {}
+    for file in files or ():
+        with open(file) as f:
+            d = json.load(f)
+        for row in d["rows"]:
+            out[(d["selector"], row["collective"], row["p"], row["bytes"])] = row["time_s"]
+    return out
+
+
+def study(plat: Platform, collective: str, algorithms: List[str], ps: List[int], ppn: int, sizes: List[int], *,
+          dtype="float32", op="sum", max_messages=300_000, jobs=1, native=None, log=None) -> List[dict]:
+    """Simulate every algorithm at every (p, size): one row per cell, with
+    ``time_s`` None and ``skipped`` saying why when it was not simulated."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    cells = [(p, n, a) for p in ps for n in sizes for a in algorithms]
+
+    def one(cell):
+        p, n, a = cell
+        row = {"collective": collective, "algorithm": a, "p": p, "ppn": ppn, "bytes": n, "time_s": None,
+               "wall_s": 0.0, "skipped": None}
+        est = estimated_messages(a, p, n) if collective == "allreduce" else None
+        if est is not None and est > max_messages:
+            row["skipped"] = f"{est} messages > --max-messages {max_messages}"
+        else:
+            try:
+                r = run(plat, collective, a, p, n, ppn=ppn, dtype=dtype, op=op)
+            except Unsimulable as exc:
+                row["skipped"] = str(exc)
+            else:
+                row.update(time_s=r.time_s, wall_s=r.wall_s, messages=sum(s.messages for s in r.stats),
+                           bytes_sent=sum(s.bytes_sent for s in r.stats))
+        if log is not None:
+            t = "-" if row["time_s"] is None else f"{row['time_s'] * 1e6:.1f} us"
+            print(f"  p={p:<5} {n:>10} B  {a:<20} {t:>14}  (wall {row['wall_s']:.1f} s)", file=log, flush=True)
+        return row
+
+    with ThreadPoolExecutor(max(1, jobs)) as pool:  # each run forks its own SimGrid process
+        rows = list(pool.map(one, cells))
+    return rows
+
+
+def summarize(rows: List[dict], plat: Platform, ppn: int, native: Dict[tuple, float], dtype="float32",
+              op="sum") -> List[dict]:
+    """Per (p, size): the best simulated algorithm, the native figures, and
+    auto's choice with its regret (auto's time / best - 1; the MPI library's
+    own collective is priced by SMPI's MPICH selector plus mpicoll's call
+    cost; an algorithm the driver cannot run leaves it unknown)."""
+    out = []
+    keys = sorted({(r["p"], r["bytes"]) for r in rows})
+    for p, n in keys:
+        times = {r["algorithm"]: r["time_s"] for r in rows if (r["p"], r["bytes"]) == (p, n)
+                 and r["time_s"] is not None}
+        nat = {sel: native.get((sel, "allreduce", p, n)) for sel in ("mpich", "ompi")}
+        cand = dict(times)
+        if nat["mpich"] is not None:
+            cand["mpi"] = nat["mpich"] + plat.call_overhead_s
+        best = min(cand, key=cand.get) if cand else None
+        choice = auto_choice(p, n, ppn, dtype, op)
+        t_auto = cand.get(choice.name)
+        regret = None if t_auto is None or best is None else t_auto / cand[best] - 1
+        out.append({"p": p, "bytes": n, "times": times, "native": nat, "best": best,
+                    "best_s": cand.get(best), "auto": choice.name, "auto_s": t_auto, "regret": regret,
+                    "auto_reason": choice.reason})
+    return out
+
+
+def profile_from(summary: List[dict], plat: Platform, ppn: int):
+    """A tuning profile whose rules pick each (p, size)'s simulated best: a
+    rule covers the process counts above the previous simulated p up to this
+    one (the largest: and beyond), and sizes from this one up to the next."""
+    from . import profile
+
+    rules = []
+    ps = sorted({s["p"] for s in summary})
+    for i, p in enumerate(ps):
+        rows = sorted((s for s in summary if s["p"] == p and s["best"]), key=lambda s: s["bytes"])
+        for j, s in enumerate(rows):
+            rules.append(profile.Rule(
+                p_min=ps[i - 1] + 1 if i else 2, p_max=None if i == len(ps) - 1 else p,
+                bytes_min=0 if j == 0 else s["bytes"], bytes_max=rows[j + 1]["bytes"] if j + 1 < len(rows) else None,
+                algorithm=s["best"], source="model",
+                note=f"simulated by SimGrid on {os.path.basename(plat.path)} at p={p}, {ppn} per node, "
+                     f"{s['bytes']} B: {s['best_s'] * 1e6:.1f} us"))
+    meta = {"host": f"simulated: {plat.path}", "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "simulated_p": ps, "ppn": ppn, "tool": "python -m mpicoll.simulate"}
+    return profile.Profile(rules, meta=meta)
+
+
+def _us(t):
+    return "-" if t is None else f"{t * 1e6:.1f}"
+
+
+def print_table(summary, algorithms, out=sys.stdout):
+    natives = [sel for sel in ("mpich", "ompi") if any(s["native"][sel] is not None for s in summary)]
+    heads = algorithms + [f"native:{sel}" for sel in natives]
+    w = max(12, *(len(h) + 1 for h in heads))
+    print(f"{'p':>5} {'bytes':>10} " + " ".join(f"{h:>{w}}" for h in heads)
+          + f" {'best':>20} {'auto':>14} {'auto regret':>12}", file=out)
+    for s in summary:
+        cells = [_us(s["times"].get(a)) for a in algorithms] + [_us(s["native"][sel]) for sel in natives]
+        regret = "?" if s["regret"] is None else f"{s['regret'] * 100:.0f}%"
+        print(f"{s['p']:>5} {s['bytes']:>10} " + " ".join(f"{c:>{w}}" for c in cells)
+              + f" {s['best'] or '-':>20} {s['auto']:>14} {regret:>12}", file=out)
+
+
+def main(argv=None) -> int:
+    from .algorithms import names
+    from .bench.timing import parse_sizes
+
+    ap = argparse.ArgumentParser(prog="python -m mpicoll.simulate", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--platform", required=True, help="SimGrid platform file (platforms/*.xml)")
+    ap.add_argument("--p", default="64,256,1024", help="comma-separated process counts")
+    ap.add_argument("--ppn", type=int, default=8, help="ranks per node (rank r on node r // ppn)")
+    ap.add_argument("--sizes", default="8:64M", help="comma list (8,4K,16M) or range MIN:MAX[:FACTOR]")
+    ap.add_argument("--collective", default="allreduce", choices=COLLECTIVES)
+    ap.add_argument("--algorithms", help="comma list (default: every registered one the driver can run)")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--op", default="sum")
+    ap.add_argument("--native", nargs="*", help="SMPI anchor results (sim/run_anchor.py --json) to show beside")
+    ap.add_argument("--max-messages", type=int, default=300_000,
+                    help="skip a cell whose call sends more messages in all (the cost model's count): "
+                         "the simulation runs about 3000 messages per second")
+    ap.add_argument("--jobs", type=int, default=1, help="simulations at once (each one process)")
+    ap.add_argument("--json", help="write every cell and the summary as JSON")
+    ap.add_argument("--profile-out", help="write a tuning profile of the simulated best (all-reduce)")
+    ap.add_argument("--quiet", action="store_true", help="no per-cell progress lines")
+    a = ap.parse_args(argv)
+
+    plat = load_platform(a.platform)
+    ps = [int(x) for x in a.p.split(",") if x.strip()]
+    sizes = parse_sizes(a.sizes)
+    algorithms = a.algorithms.split(",") if a.algorithms else \
+        [x for x in names(a.collective)[1:] if x not in ("mpi", "shm", "hierarchical")]
+    t0 = time.perf_counter()
+    rows = study(plat, a.collective, algorithms, ps, a.ppn, sizes, dtype=a.dtype, op=a.op,
+                 max_messages=a.max_messages, jobs=a.jobs, log=None if a.quiet else sys.stderr)
+    wall = time.perf_counter() - t0
+    native = load_native(a.native)
+    print(f"{a.collective}, {a.dtype} {a.op}, on {a.platform} at {a.ppn} ranks per node; "
+          f"simulated time per call in us ('-': not simulated){'' if a.collective == 'allreduce' else ''}")
+    summary = summarize(rows, plat, a.ppn, native, a.dtype, a.op) if a.collective == "allreduce" else None
+    if summary is not None:
+        print_table(summary, algorithms)
+    else:
+        for r in rows:
+            print(f"{r['p']:>5} {r['bytes']:>10} {r['algorithm']:<20} {_us(r['time_s']):>12}")
+    skipped = sorted({(r["algorithm"], r["skipped"]) for r in rows if r["skipped"]})
+    for alg, why in skipped[:10]:
+        print(f"not simulated: {alg}: {why}")
+    print(f"study wall time: {wall:.1f} s ({len(rows)} cells, {a.jobs} at once)")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"platform": a.platform, "ppn": a.ppn, "collective": a.collective, "dtype": a.dtype,
+                       "op": a.op, "wall_s": wall, "rows": rows, "summary": summary}, f, indent=1)
+    if a.profile_out:
+        if summary is None:
+            ap.error("--profile-out needs --collective allreduce")
+        from . import profile
+
+        profile.save(profile_from(summary, plat, a.ppn), a.profile_out)
+        print(f"wrote tuning profile {a.profile_out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
