@@ -464,12 +464,26 @@ def study(plat: Platform, collective: str, algorithms: List[str], ps: List[int],
     return rows
 
 
+def native_priced(plat: Platform, smpi_s: Optional[float], p: int, nbytes: int) -> Optional[float]:
+    """The MPI library's all-reduce as mpicoll's ``mpi`` algorithm would
+    cost: SMPI's simulated time, plus the reductions SMPI does not price
+    (the bytes MPICH's algorithm combines, ``model.terms``, at the
+    platform's kernel rate), plus mpicoll's per-call cost."""
+    from . import model
+
+    if smpi_s is None:
+        return None
+    combined = model.terms(model.mpich_choice(p, nbytes), p, nbytes).combined if p > 1 else 0
+    return smpi_s + combined / plat.reduce_Bps + plat.call_overhead_s
+
+
 def summarize(rows: List[dict], plat: Platform, ppn: int, native: Dict[tuple, float], dtype="float32",
               op="sum") -> List[dict]:
     """Per (p, size): the best simulated algorithm, the native figures, and
-    auto's choice with its regret (auto's time / best - 1; the MPI library's
-    own collective is priced by SMPI's MPICH selector plus mpicoll's call
-    cost; an algorithm the driver cannot run leaves it unknown)."""
+    auto's choice with its regret (auto's time / best - 1). The MPI
+    library's own collective (``mpi``) is priced by ``native_priced`` from
+    SMPI's MPICH selector; an algorithm neither driver runs (shm,
+    hierarchical) leaves auto's time unknown."""
     out = []
     keys = sorted({(r["p"], r["bytes"]) for r in rows})
     for p, n in keys:
@@ -477,13 +491,14 @@ def summarize(rows: List[dict], plat: Platform, ppn: int, native: Dict[tuple, fl
                  and r["time_s"] is not None}
         nat = {sel: native.get((sel, "allreduce", p, n)) for sel in ("mpich", "ompi")}
         cand = dict(times)
-        if nat["mpich"] is not None:
-            cand["mpi"] = nat["mpich"] + plat.call_overhead_s
+        mpi = native_priced(plat, nat["mpich"], p, n)
+        if mpi is not None:
+            cand["mpi"] = mpi
         best = min(cand, key=cand.get) if cand else None
         choice = auto_choice(p, n, ppn, dtype, op)
         t_auto = cand.get(choice.name)
         regret = None if t_auto is None or best is None else t_auto / cand[best] - 1
-        out.append({"p": p, "bytes": n, "times": times, "native": nat, "best": best,
+        out.append({"p": p, "bytes": n, "times": times, "native": nat, "mpi_priced": mpi, "best": best,
                     "best_s": cand.get(best), "auto": choice.name, "auto_s": t_auto, "regret": regret,
                     "auto_reason": choice.reason})
     return out

@@ -37,7 +37,7 @@ SOURCE = os.path.join(HERE, "anchor.c")
 def build(out_dir: str) -> str:
     """smpicc the anchor into ``out_dir`` (when older than its source)."""
     os.makedirs(out_dir, exist_ok=True)
-    exe = os.path.join(out_dir, "anchor")
+    exe = os.path.abspath(os.path.join(out_dir, "anchor"))
     if not os.path.exists(exe) or os.path.getmtime(exe) < os.path.getmtime(SOURCE):
         subprocess.run(["smpicc", "-O2", "-o", exe, SOURCE], check=True)
     return exe
@@ -55,12 +55,15 @@ def run_one(exe, platform, p, ppn, selector, collective, sizes, timeout):
     with tempfile.TemporaryDirectory() as tmp:
         hf = os.path.join(tmp, "hosts")
         hostfile(hf, p, ppn)
-        cmd = ["smpirun", "-np", str(p), "-platform", platform, "-hostfile", hf, "-no-privatize",
+        cmd = ["smpirun", "-np", str(p), "-platform", os.path.abspath(platform), "-hostfile", hf, "-no-privatize",
                f"--cfg=smpi/coll-selector:{selector}", "--cfg=smpi/simulate-computation:no",
                "--cfg=network/model:CM02", "--log=root.thresh:critical",
                exe, collective, ",".join(map(str, sizes))]
-        # smpirun's -tmpdir option misparses here; TMPDIR does the same.
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=dict(os.environ, TMPDIR=tmp))
+        # smpirun's -tmpdir option misparses here; TMPDIR does the same. In
+        # tmp also because smpirun leaves its unrolled hostfile in the
+        # current directory when a run fails.
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp,
+                              env=dict(os.environ, TMPDIR=tmp))
     rows = []
     for line in proc.stdout.splitlines():
         parts = line.split()

@@ -124,3 +124,25 @@ def _mismatch():
     engine.run()
     if run.error is not None:
         raise run.error
+
+
+def test_summary_regret_and_profile(tmp_path):
+    # No simulation: rows as the study writes them. At p=64, 1 MiB the ring
+    # is best; auto (no profile, 8 per node on 8 nodes) picks hierarchical,
+    # which neither driver prices: regret unknown. At 8 B auto picks the
+    # native call, priced from the SMPI figure plus reductions and call cost.
+    from mpicoll import profile
+
+    plat = simulate.load_platform(CLUSTER)
+    rows = [{"algorithm": a, "p": 64, "bytes": n, "time_s": t}
+            for a, n, t in (("ring", 1 << 20, 1e-3), ("tree", 1 << 20, 3e-3), ("ring", 8, 2e-4), ("tree", 8, 1e-4))]
+    native = {("mpich", "allreduce", 64, 8): 5e-6}
+    s = {x["bytes"]: x for x in simulate.summarize(rows, plat, 8, native)}
+    assert s[1 << 20]["best"] == "ring" and s[1 << 20]["auto"] == "hierarchical" and s[1 << 20]["regret"] is None
+    mpi = simulate.native_priced(plat, 5e-6, 64, 8)
+    assert mpi > 5e-6 and s[8]["best"] == "mpi" and s[8]["auto"] == "mpi" and s[8]["regret"] == 0
+    prof = simulate.profile_from(list(s.values()), plat, 8)
+    profile.save(prof, str(tmp_path / "t.json"))
+    loaded = profile.load(str(tmp_path / "t.json"))
+    assert simulate.auto_choice(64, 1 << 20, 8, profile=loaded).name == "ring"
+    assert simulate.auto_choice(512, 4, 8, profile=loaded).name == "mpi"

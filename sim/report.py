@@ -1,0 +1,72 @@
+"""Markdown tables for docs/scale.md from a study's JSON files (sim/study.sh).
+
+    python sim/report.py --platform platforms/cluster-128x8-fattree.xml \\
+        --mpicoll bench-out/sim/mpicoll-cluster-128x8-fattree.json \\
+        --native bench-out/sim/native-cluster-128x8-fattree-mpich.json bench-out/sim/native-...-ompi.json
+
+prints three tables: every algorithm's simulated time; the native anchor
+beside mpicoll's best; auto's choice against the best (regret).
+(matplotlib is not in the project's venv, so no plot: text tables.)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from mpicoll import simulate  # noqa: E402
+
+
+def _us(t):
+    return "-" if t is None else (f"{t * 1e6:.0f}" if t >= 1e-4 else f"{t * 1e6:.1f}")
+
+
+def _size(n):
+    for unit, k in (("MiB", 20), ("KiB", 10)):
+        if n >= 1 << k and n % (1 << k) == 0:
+            return f"{n >> k} {unit}"
+    return f"{n} B"
+
+
+def tables(plat, rows, native, ppn) -> str:
+    summary = simulate.summarize(rows, plat, ppn, native)
+    algs = sorted({r["algorithm"] for r in rows})
+    out = ["| p | size | " + " | ".join(algs) + " | best |", "|---" * (len(algs) + 3) + "|"]
+    for s in summary:
+        out.append(f"| {s['p']} | {_size(s['bytes'])} | " + " | ".join(_us(s["times"].get(a)) for a in algs)
+                   + f" | {min(s['times'], key=s['times'].get) if s['times'] else '-'} |")
+    out += ["", "| p | size | mpicoll best (us) | MPICH (SMPI) us | MPICH + reductions + call (us) | "
+                "Open MPI (SMPI) us | MPICH priced / mpicoll best |", "|---|---|---|---|---|---|---|"]
+    for s in summary:
+        best = min(s["times"].items(), key=lambda kv: kv[1]) if s["times"] else None
+        ratio = "-" if best is None or s["mpi_priced"] is None else f"{s['mpi_priced'] / best[1]:.2f}"
+        out.append(f"| {s['p']} | {_size(s['bytes'])} | {best[0] + ' ' + _us(best[1]) if best else '-'} | "
+                   f"{_us(s['native']['mpich'])} | {_us(s['mpi_priced'])} | {_us(s['native']['ompi'])} | {ratio} |")
+    out += ["", "| p | size | auto's choice | its time (us) | best | best time (us) | regret |",
+            "|---|---|---|---|---|---|---|"]
+    for s in summary:
+        regret = "unknown (not simulated)" if s["regret"] is None else f"{s['regret']:.0%}"
+        flag = " **>10 %**" if s["regret"] is not None and s["regret"] > 0.10 else ""
+        out.append(f"| {s['p']} | {_size(s['bytes'])} | {s['auto']} | {_us(s['auto_s'])} | {s['best']} | "
+                   f"{_us(s['best_s'])} | {regret}{flag} |")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--platform", required=True)
+    ap.add_argument("--mpicoll", required=True, help="python -m mpicoll.simulate --json output")
+    ap.add_argument("--native", nargs="*", default=[], help="sim/run_anchor.py --json outputs")
+    a = ap.parse_args(argv)
+    with open(a.mpicoll) as f:
+        d = json.load(f)
+    natives = [x for x in a.native if os.path.exists(x)]
+    print(tables(simulate.load_platform(a.platform), d["rows"], simulate.load_native(natives), d["ppn"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
