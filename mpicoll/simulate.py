@@ -495,12 +495,18 @@ def summarize(rows: List[dict], plat: Platform, ppn: int, native: Dict[tuple, fl
         if mpi is not None:
             cand["mpi"] = mpi
         best = min(cand, key=cand.get) if cand else None
-        choice = auto_choice(p, n, ppn, dtype, op)
-        t_auto = cand.get(choice.name)
-        regret = None if t_auto is None or best is None else t_auto / cand[best] - 1
-        out.append({"p": p, "bytes": n, "times": times, "native": nat, "mpi_priced": mpi, "best": best,
-                    "best_s": cand.get(best), "auto": choice.name, "auto_s": t_auto, "regret": regret,
-                    "auto_reason": choice.reason})
+        row = {"p": p, "bytes": n, "times": times, "native": nat, "mpi_priced": mpi, "best": best,
+               "best_s": cand.get(best)}
+        # auto as the plan layer decides for this layout, and as it decides
+        # with one rank per node (its choice among the algorithms simulated
+        # here when shm/hierarchical are out of the picture).
+        for key, layout in (("auto", ppn), ("auto_flat", 1)):
+            choice = auto_choice(p, n, layout, dtype, op)
+            t = cand.get(choice.name)
+            row[key], row[key + "_s"], row[key + "_reason"] = choice.name, t, choice.reason
+            row["regret" if key == "auto" else "regret_flat"] = \
+                None if t is None or best is None else t / cand[best] - 1
+        out.append(row)
     return out
 
 

@@ -31,6 +31,12 @@ def _size(n):
     return f"{n} B"
 
 
+def _regret(r):
+    if r is None:
+        return "unknown (not simulated)"
+    return f"{r:.0%}" + (" **>10 %**" if r > 0.10 else "")
+
+
 def tables(plat, rows, native, ppn) -> str:
     summary = simulate.summarize(rows, plat, ppn, native)
     algs = sorted({r["algorithm"] for r in rows})
@@ -45,13 +51,12 @@ def tables(plat, rows, native, ppn) -> str:
         ratio = "-" if best is None or s["mpi_priced"] is None else f"{s['mpi_priced'] / best[1]:.2f}"
         out.append(f"| {s['p']} | {_size(s['bytes'])} | {best[0] + ' ' + _us(best[1]) if best else '-'} | "
                    f"{_us(s['native']['mpich'])} | {_us(s['mpi_priced'])} | {_us(s['native']['ompi'])} | {ratio} |")
-    out += ["", "| p | size | auto's choice | its time (us) | best | best time (us) | regret |",
-            "|---|---|---|---|---|---|---|"]
+    out += ["", f"| p | size | best | best time (us) | auto ({ppn} per node) | its time (us) | regret | "
+                "auto (1 per node) | its time (us) | regret |", "|---" * 10 + "|"]
     for s in summary:
-        regret = "unknown (not simulated)" if s["regret"] is None else f"{s['regret']:.0%}"
-        flag = " **>10 %**" if s["regret"] is not None and s["regret"] > 0.10 else ""
-        out.append(f"| {s['p']} | {_size(s['bytes'])} | {s['auto']} | {_us(s['auto_s'])} | {s['best']} | "
-                   f"{_us(s['best_s'])} | {regret}{flag} |")
+        out.append(f"| {s['p']} | {_size(s['bytes'])} | {s['best']} | {_us(s['best_s'])} | {s['auto']} | "
+                   f"{_us(s['auto_s'])} | {_regret(s['regret'])} | {s['auto_flat']} | {_us(s['auto_flat_s'])} | "
+                   f"{_regret(s['regret_flat'])} |")
     return "\n".join(out)
 
 
