@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -74,7 +73,7 @@ def import_simgrid():
     """The ``simgrid`` module, from Debian's dist-packages if need be; raises
     ImportError with the install command when it is missing."""
     try:
-        import simgrid
+        import simgrid  # noqa: F401 - the first attempt: any installation on the path
     except ImportError:
         # Debian builds the module for the system Python 3.11; the venv's
         # Python 3.11 loads it once that folder is on the path. Appended,
@@ -287,7 +286,7 @@ def _schedule_args(collective, p, n, dtype, red):
             return (buf, 0)
         if collective == "reduce":
             return (buf, red(rank), 0)
-        raise ValueError(f"mpicoll: the SimGrid driver does not run {collective!r} (runs: {', '.join(COLLECTIVES)})")
+        raise AssertionError(collective)  # run() checked it
 
     return args
 
@@ -308,8 +307,10 @@ def run(platform, collective: str, algorithm: str, p: int, nbytes: int, *, ppn: 
     one engine per process, so ``run`` forks and the child simulates.
     """
     plat = platform if isinstance(platform, Platform) else load_platform(platform)
-    if p < 1 or ppn < 1:
-        raise ValueError(f"mpicoll: p and ppn must be >= 1, got p={p}, ppn={ppn}")
+    if p < 1 or ppn < 1 or nbytes < 0:
+        raise ValueError(f"mpicoll: need p >= 1, ppn >= 1, nbytes >= 0; got p={p}, ppn={ppn}, nbytes={nbytes}")
+    if collective not in COLLECTIVES:
+        raise ValueError(f"mpicoll: the SimGrid driver does not run {collective!r} (runs: {', '.join(COLLECTIVES)})")
     nodes = -(-p // ppn)
     if nodes > plat.hosts:
         raise ValueError(f"mpicoll: p={p} at {ppn} per node needs {nodes} nodes; {plat.path} has {plat.hosts}")
@@ -320,8 +321,10 @@ def run(platform, collective: str, algorithm: str, p: int, nbytes: int, *, ppn: 
     if alg.native is not None or algorithm in ("shm", "hierarchical"):
         raise Unsimulable(f"{collective}/{algorithm} needs the MPI library or shared memory; "
                           "the SimGrid driver runs point-to-point schedules only")
+    if dtype not in dtypes.BY_NAME:
+        raise ValueError(f"mpicoll: unknown dtype {dtype!r}; known: {', '.join(sorted(dtypes.BY_NAME))}")
     dt = dtypes.BY_NAME[dtype]
-    reduction = ops.resolve(op)
+    reduction = ops.resolve(op)  # raises ValueError for an unknown op
     if collective in ("allreduce", "reduce_scatter", "reduce"):
         itemsize = np.dtype(dt.storage).itemsize
         storage = dt.storage
@@ -583,7 +586,7 @@ def main(argv=None) -> int:
     wall = time.perf_counter() - t0
     native = load_native(a.native)
     print(f"{a.collective}, {a.dtype} {a.op}, on {a.platform} at {a.ppn} ranks per node; "
-          f"simulated time per call in us ('-': not simulated){'' if a.collective == 'allreduce' else ''}")
+          "simulated time per call in us ('-': not simulated)")
     summary = summarize(rows, plat, a.ppn, native, a.dtype, a.op) if a.collective == "allreduce" else None
     if summary is not None:
         print_table(summary, algorithms)

@@ -93,6 +93,11 @@ def test_unsimulable_and_bad_input():
         simulate.run(CLUSTER, "allreduce", "nope", 8, 64)
     with pytest.raises(ValueError, match="nodes"):
         simulate.run(CLUSTER, "allreduce", "ring", 4096, 64, ppn=1)
+    for bad in ({"nbytes": -1}, {"collective": "alltoall"}, {"dtype": "float128"}, {"op": "nope"}):
+        args = {"collective": "allreduce", "nbytes": 64, **bad}
+        kw = {k: v for k, v in args.items() if k in ("dtype", "op")}
+        with pytest.raises(ValueError):
+            simulate.run(CLUSTER, args["collective"], "ring", 8, args["nbytes"], **kw)
 
 
 def test_a_size_mismatch_is_reported():
