@@ -63,13 +63,22 @@ def tables(plat, rows, native, ppn) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--platform", required=True)
-    ap.add_argument("--mpicoll", required=True, help="python -m mpicoll.simulate --json output")
+    ap.add_argument("--mpicoll", required=True, nargs="+",
+                    help="python -m mpicoll.simulate --json outputs (their cells are merged)")
     ap.add_argument("--native", nargs="*", default=[], help="sim/run_anchor.py --json outputs")
     a = ap.parse_args(argv)
-    with open(a.mpicoll) as f:
-        d = json.load(f)
+    rows, ppn = [], None
+    for file in a.mpicoll:
+        with open(file) as f:
+            d = json.load(f)
+        if ppn is not None and d["ppn"] != ppn:
+            ap.error(f"{file}: {d['ppn']} ranks per node, the others {ppn}")
+        ppn = d["ppn"]
+        # A later file's simulated cell replaces an earlier file's skipped one.
+        done = {(r["p"], r["bytes"], r["algorithm"]) for r in d["rows"] if r["time_s"] is not None}
+        rows = [r for r in rows if (r["p"], r["bytes"], r["algorithm"]) not in done] + d["rows"]
     natives = [x for x in a.native if os.path.exists(x)]
-    print(tables(simulate.load_platform(a.platform), d["rows"], simulate.load_native(natives), d["ppn"]))
+    print(tables(simulate.load_platform(a.platform), rows, simulate.load_native(natives), ppn))
     return 0
 
 
