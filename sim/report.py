@@ -66,6 +66,7 @@ def main(argv=None) -> int:
     ap.add_argument("--mpicoll", required=True, nargs="+",
                     help="python -m mpicoll.simulate --json outputs (their cells are merged)")
     ap.add_argument("--native", nargs="*", default=[], help="sim/run_anchor.py --json outputs")
+    ap.add_argument("--profile-out", help="also write the tuning profile of the simulated best")
     a = ap.parse_args(argv)
     rows, ppn = [], None
     for file in a.mpicoll:
@@ -78,7 +79,12 @@ def main(argv=None) -> int:
         done = {(r["p"], r["bytes"], r["algorithm"]) for r in d["rows"] if r["time_s"] is not None}
         rows = [r for r in rows if (r["p"], r["bytes"], r["algorithm"]) not in done] + d["rows"]
     natives = [x for x in a.native if os.path.exists(x)]
-    print(tables(simulate.load_platform(a.platform), rows, simulate.load_native(natives), ppn))
+    plat, native = simulate.load_platform(a.platform), simulate.load_native(natives)
+    print(tables(plat, rows, native, ppn))
+    if a.profile_out:
+        from mpicoll import profile
+
+        profile.save(simulate.profile_from(simulate.summarize(rows, plat, ppn, native), plat, ppn), a.profile_out)
     return 0
 
 
