@@ -36,9 +36,9 @@ Limitations: only point-to-point schedules run. The MPI library's own
 collective (``mpi``), and algorithms that need a sub-communicator or
 shared memory (``hierarchical``, ``shm``) raise ``Unsimulable`` and are
 reported as not simulated; the MPI library's algorithms are simulated
-natively by SMPI instead (sim/anchor.c, docs/scale.md). A receive of
-more than ``eager_bytes`` completes only with its send posted, as in MPI's
-rendezvous protocol: a schedule that waits for such a send before posting
+natively by SMPI instead (sim/anchor.c, docs/scale.md). A send of more
+than ``eager_bytes`` completes only once its receive is posted (MPI's
+rendezvous protocol): a schedule that waits for such a send before posting
 the matching receive deadlocks here (RuntimeError naming the stuck ranks),
 as it could under MPI. avg's final division and local copies are free.
 Platform parameters are in the platform file's ``<prop id="mpicoll.*">``
