@@ -37,7 +37,8 @@ def fit(files) -> None:
             rows += model.rows_from_bench(json.load(fh))
     m = model.fit(rows)
     p2p = m.params["p2p"]
-    print(f"p2p fit over {len(rows)} rows (rms rel. error {m.rms_rel_error.get('p2p', float('nan')):.0%}): "
+    n = sum(1 for r in rows if model.family(r["algorithm"]) == "p2p")
+    print(f"p2p fit over {n} rows (rms rel. error {m.rms_rel_error.get('p2p', float('nan')):.0%}): "
           f"o={p2p.o * 1e6:.2f} us alpha={p2p.alpha * 1e6:.2f} us beta={p2p.beta * 1e9:.3f} ns/B "
           f"gamma={p2p.gamma * 1e9:.3f} ns/B")
     print(f'  loopback_bw="{1 / p2p.beta / 1e9:.2f}GBps" loopback_lat="{LOOPBACK_LAT_S * 1e6:g}us"')
