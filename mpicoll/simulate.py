@@ -45,7 +45,7 @@ Platform parameters are in the platform file's ``<prop id="mpicoll.*">``
 elements (see platforms/*.xml).
 
 Cost of the simulation itself: one SimGrid actor (a thread) per rank and
-roughly 3000 messages per second of wall time on a loaded 2-core machine;
+1200-2700 messages per second of wall time on a loaded 2-core machine;
 a ring all-reduce at p = 1024 (2.1 M messages) takes tens of minutes, so
 the study skips cells above ``--max-messages`` (estimated by
 ``mpicoll.model.terms``). Every ``run`` forks: SimGrid allows one engine
@@ -579,7 +579,7 @@ def main(argv=None) -> int:
     ap.add_argument("--native", nargs="*", help="SMPI anchor results (sim/run_anchor.py --json) to show beside")
     ap.add_argument("--max-messages", type=int, default=300_000,
                     help="skip a cell whose call sends more messages in all (the cost model's count): "
-                         "the simulation runs about 3000 messages per second")
+                         "the simulation runs 1200-2700 messages per second here")
     ap.add_argument("--jobs", type=int, default=1, help="simulations at once (each one process)")
     ap.add_argument("--json", help="write every cell and the summary as JSON")
     ap.add_argument("--profile-out", help="write a tuning profile of the simulated best (all-reduce)")
