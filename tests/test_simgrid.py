@@ -1,0 +1,153 @@
+"""The SimGrid driver (mpicoll.simulate): same messages as the counting driver, sensible times.
+
+Skips when SimGrid's Python module is missing (apt-get install python3-simgrid).
+Small sizes and p <= 64 keep it under a minute.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from mpicoll import dtypes, ops, schedule
+from mpicoll.algorithms import get
+
+simulate = pytest.importorskip("mpicoll.simulate")
+try:
+    simulate.import_simgrid()
+except ImportError as exc:  # pragma: no cover - depends on the machine
+    pytest.skip(str(exc), allow_module_level=True)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CLUSTER = os.path.join(ROOT, "platforms", "cluster-128x8-fattree.xml")
+HERE = os.path.join(ROOT, "platforms", "this-machine.xml")
+
+
+def counted(collective, algorithm, p, nbytes):
+    """Per-rank (messages, bytes sent, bytes reduced) from the counting
+    driver, with real data (the schedules' arguments as the SimGrid driver
+    builds them)."""
+    from mpicoll.algorithms.common import block_bounds
+    from mpicoll.kernels import Reduction
+
+    dt = dtypes.BY_NAME["float32"]
+    red = Reduction(ops.resolve("sum"), dt)
+    reducing = collective in ("allreduce", "reduce_scatter", "reduce")
+    n = nbytes // 4 if reducing else nbytes
+    bufs = [np.ones(n, np.float32 if reducing else np.uint8) for _ in range(p)]
+    sched = get(collective, algorithm).schedule
+
+    def make(ctx, stats):
+        buf, cr = bufs[ctx.rank], schedule.CountingReduction(red, stats)
+        extra = {"allreduce": (cr, None), "reduce_scatter": (cr, block_bounds(n, p)), "reduce": (cr, 0),
+                 "bcast": (0,), "allgather": (block_bounds(n, p),)}[collective]
+        return sched(ctx, buf, *extra)
+
+    return [(s.messages, s.bytes_sent, s.bytes_reduced) for s in schedule.simulate(p, make)]
+
+
+CASES = [("allreduce", "ring", 8), ("allreduce", "tree", 13), ("allreduce", "recursive_doubling", 12),
+         ("allreduce", "rabenseifner", 16), ("allreduce", "ring", 64), ("bcast", "tree", 9),
+         ("reduce", "ring", 10), ("reduce_scatter", "ring", 8), ("allgather", "ring", 11)]
+
+
+@pytest.mark.parametrize("collective,algorithm,p", CASES)
+@pytest.mark.parametrize("nbytes", [0, 12, 4096 + 4])
+def test_counts_equal_counting_driver(collective, algorithm, p, nbytes):
+    r = simulate.run(CLUSTER, collective, algorithm, p, nbytes, ppn=8)
+    got = [(s.messages, s.bytes_sent, s.bytes_reduced) for s in r.stats]
+    assert got == counted(collective, algorithm, p, nbytes)
+    assert all(s.finish_s is not None for s in r.stats)
+    assert r.time_s > 0
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "tree", "recursive_doubling", "rabenseifner"])
+def test_bigger_message_never_faster(algorithm):
+    times = [simulate.run(CLUSTER, "allreduce", algorithm, 16, n, ppn=8).time_s for n in (8, 4096, 1 << 20)]
+    assert times == sorted(times) and times[0] < times[-1], times
+
+
+def test_more_ranks_slower_and_network_slower_than_node():
+    # The ring's 2(p-1) steps: more ranks cost more; the same 8 ranks on
+    # one node (5 GB/s shared memory) beat 8 ranks on 8 nodes on this
+    # machine's platform (1 Gbit/s links).
+    t8 = simulate.run(CLUSTER, "allreduce", "ring", 8, 1 << 16, ppn=1).time_s
+    t32 = simulate.run(CLUSTER, "allreduce", "ring", 32, 1 << 16, ppn=1).time_s
+    assert t8 < t32
+    one_node = simulate.run(HERE, "allreduce", "ring", 8, 1 << 22, ppn=8).time_s
+    eight_nodes = simulate.run(HERE, "allreduce", "ring", 8, 1 << 22, ppn=1).time_s
+    assert one_node < eight_nodes
+
+
+def test_this_machine_platform_loads():
+    plat = simulate.load_platform(HERE)
+    assert plat.reduce_Bps > 0 and plat.op_overhead_s >= 0
+    assert simulate.run(plat, "allreduce", "ring", 4, 1 << 20, ppn=4).time_s > 0
+
+
+def test_unsimulable_and_bad_input():
+    with pytest.raises(simulate.Unsimulable):
+        simulate.run(CLUSTER, "allreduce", "mpi", 8, 64, ppn=8)
+    with pytest.raises(ValueError, match="unknown allreduce algorithm"):
+        simulate.run(CLUSTER, "allreduce", "nope", 8, 64)
+    with pytest.raises(ValueError, match="nodes"):
+        simulate.run(CLUSTER, "allreduce", "ring", 4096, 64, ppn=1)
+    for bad in ({"nbytes": -1}, {"collective": "alltoall"}, {"dtype": "float128"}, {"op": "nope"}):
+        args = {"collective": "allreduce", "nbytes": 64, **bad}
+        kw = {k: v for k, v in args.items() if k in ("dtype", "op")}
+        with pytest.raises(ValueError):
+            simulate.run(CLUSTER, args["collective"], "ring", 8, args["nbytes"], **kw)
+
+
+def test_a_size_mismatch_is_reported():
+    # Rank 1 expects 8 bytes, rank 0 sends 4: MismatchError as in the other drivers.
+    from mpicoll.errors import MismatchError
+
+    with pytest.raises((MismatchError, RuntimeError), match="expected 8 bytes|MismatchError"):
+        simulate._in_child(_mismatch)
+
+
+def _mismatch():
+    sg = simulate.import_simgrid()
+    plat = simulate.load_platform(CLUSTER)
+    engine = sg.Engine(["t", "--log=root.thresh:critical"])
+    engine.load_platform(CLUSTER)
+    run = simulate._Run(sg, plat, 2, 1)
+    hosts = sorted(engine.all_hosts, key=lambda h: simulate._host_order(h.name))
+
+    def gen(ctx):
+        if ctx.rank == 0:
+            yield [ctx.send(np.zeros(4, np.uint8), 1)]
+        else:
+            yield [ctx.recv(np.zeros(8, np.uint8), 0)]
+
+    for r in range(2):
+        ctx = simulate._Context(schedule._SimComm(r, 2), 0, {}, ("test", "mismatch", 8, 0))
+        ctx.run, ctx.stats = run, run.stats[r]
+        sg.Actor.create(f"r{r}", hosts[r], run.actor, r, gen(ctx))
+    engine.run()
+    if run.error is not None:
+        raise run.error
+
+
+def test_summary_regret_and_profile(tmp_path):
+    # No simulation: rows as the study writes them. At p=64, 1 MiB the ring
+    # is best; auto (no profile, 8 per node on 8 nodes) picks hierarchical,
+    # which neither driver prices: regret unknown. At 8 B auto picks the
+    # native call, priced from the SMPI figure plus reductions and call cost.
+    from mpicoll import profile
+
+    plat = simulate.load_platform(CLUSTER)
+    rows = [{"algorithm": a, "p": 64, "bytes": n, "time_s": t}
+            for a, n, t in (("ring", 1 << 20, 1e-3), ("tree", 1 << 20, 3e-3), ("ring", 8, 2e-4), ("tree", 8, 1e-4))]
+    native = {("mpich", "allreduce", 64, 8): 5e-6}
+    s = {x["bytes"]: x for x in simulate.summarize(rows, plat, 8, native)}
+    assert s[1 << 20]["best"] == "ring" and s[1 << 20]["auto"] == "hierarchical" and s[1 << 20]["regret"] is None
+    mpi = simulate.native_priced(plat, 5e-6, 64, 8)
+    assert mpi > 5e-6 and s[8]["best"] == "mpi" and s[8]["auto"] == "mpi" and s[8]["regret"] == 0
+    prof = simulate.profile_from(list(s.values()), plat, 8)
+    profile.save(prof, str(tmp_path / "t.json"))
+    loaded = profile.load(str(tmp_path / "t.json"))
+    assert simulate.auto_choice(64, 1 << 20, 8, profile=loaded).name == "ring"
+    assert simulate.auto_choice(512, 4, 8, profile=loaded).name == "mpi"
