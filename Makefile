@@ -312,7 +312,7 @@ test-torch-suite: $(STAMP) $(TORCH_SUITE_DEPS)/expecttest
 	$(PY) scripts/torch_suite.py --deps $(TORCH_SUITE_DEPS) $(if $(TORCH_SUITE_K),-k '$(TORCH_SUITE_K)')
 
 # Simulation at scale (docs/scale.md): SimGrid 3.32 from Debian
-# (apt-get install python3-simgrid libsimgrid-dev simgrid). simulate-check is
+# (apt-get install python3-simgrid libsimgrid-dev). simulate-check is
 # the short test (tests/test_simgrid.py, < 1 min; skips without SimGrid);
 # simulate-study the long one: mpicoll's schedules and SMPI's MPICH / Open MPI
 # collectives on both platforms at p = 64..1024 -> bench-out/sim/ (hours on
