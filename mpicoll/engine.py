@@ -86,13 +86,16 @@ SWITCH_INTERVAL = 100e-6
 # scheduler time slice when the machine is busy.
 SPIN_POLLS = 2000
 
-# Per thread: set while it runs done-callbacks (see in_callback()).
-_tls = threading.local()
+class _PerThread(threading.local):
+    callbacks = 0  # > 0 while this thread runs done-callbacks (see in_callback())
+
+
+_tls = _PerThread()
 
 
 def in_callback() -> bool:
     """Whether this thread is running a request's done-callbacks."""
-    return getattr(_tls, "callbacks", 0) > 0
+    return _tls.callbacks > 0
 
 
 class Request:
@@ -332,7 +335,7 @@ class NativeRequest(Request):
         return Request.test(self)
 
     def wait(self):
-        if not self._seen_done():
+        if not self._done and not self._seen_done():
             _engine.wait_native(self)
         self._raise()
         return self.result
@@ -359,7 +362,7 @@ _abandoned = []
 
 
 def _call(fn, req) -> None:
-    _tls.callbacks = getattr(_tls, "callbacks", 0) + 1
+    _tls.callbacks += 1
     try:
         fn(req)
     except BaseException:  # a callback's failure must not take the progress thread down
@@ -372,9 +375,10 @@ def _settle(req, fns) -> None:
     """The last stage of completion, without the lock: run the callbacks,
     release the communicator, then mark the request done (so wait() returns
     only after its callbacks ran)."""
-    req._settler = threading.get_ident()
-    for fn in fns:
-        _call(fn, req)
+    if fns:
+        req._settler = threading.get_ident()
+        for fn in fns:
+            _call(fn, req)
     st = req._st
     if st is not None:
         req._st = None
