@@ -86,13 +86,16 @@ SWITCH_INTERVAL = 100e-6
 # scheduler time slice when the machine is busy.
 SPIN_POLLS = 2000
 
-# Per thread: set while it runs done-callbacks (see in_callback()).
-_tls = threading.local()
+class _PerThread(threading.local):
+    callbacks = 0  # > 0 while this thread runs done-callbacks (see in_callback())
+
+
+_tls = _PerThread()
 
 
 def in_callback() -> bool:
     """Whether this thread is running a request's done-callbacks."""
-    return getattr(_tls, "callbacks", 0) > 0
+    return _tls.callbacks > 0
 
 
 class Request:
@@ -274,10 +277,13 @@ class NativeRequest(Request):
     to the engine (``watch``). No schedule, context or scratch: ``finish``
     runs once when the MPI request completes.
 
-    ``wait()`` with no other mpicoll request outstanding (and no deadline)
-    blocks in ``MPI_Wait``, the GIL released; otherwise it drives every
-    outstanding request as any wait() does. ``expired`` makes the timeout
-    error when a deadline is given."""
+    It joins the engine's list only when something must notice its
+    completion without its owner: a done-callback, a deadline, or a wait()
+    while other requests are outstanding (then it is driven with them).
+    Until then the MPI library advances it by itself, inside any MPI call
+    (MPI's progress rule), and ``wait()`` with no request in the list blocks
+    in ``MPI_Wait``, the GIL released: a native collective at native cost.
+    ``expired`` makes the timeout error when a deadline is given."""
 
     def __init__(self, mpi_req, result=None, finish=None, deadline=None, st=None, expired=None):
         self.result = result
@@ -291,6 +297,8 @@ class NativeRequest(Request):
         self._done = False
         self._settler = None
         self._st = st
+        self._listed = False  # in the engine's list (engine lock)
+        self._blocking = False  # a thread waits for it in MPI_Wait: nobody else may touch _mpi
 
     def _start(self) -> None:
         pass  # posted by the caller (the I-call or Prequest.Start)
@@ -321,11 +329,27 @@ class NativeRequest(Request):
         self._end()
         return -1
 
-    def wait(self):
+    def test(self) -> bool:
         if not self._seen_done():
+            _engine.list_native(self)  # from now on driven with the others
+        return Request.test(self)
+
+    def wait(self):
+        if not self._done and not self._seen_done():
             _engine.wait_native(self)
         self._raise()
         return self.result
+
+    def add_done_callback(self, fn, wake: bool = True) -> None:
+        with _engine.lock:
+            if not self._finished:
+                self._callbacks.append(fn)
+                if not self._blocking:  # (a thread in MPI_Wait for it runs the callbacks itself)
+                    _engine.list_locked(self)
+                    if wake:
+                        _engine.wake_locked()
+                return
+        _call(fn, self)
 
     def __repr__(self):
         return f"<mpicoll.NativeRequest {'complete' if self.done else 'pending'}>"
@@ -338,7 +362,7 @@ _abandoned = []
 
 
 def _call(fn, req) -> None:
-    _tls.callbacks = getattr(_tls, "callbacks", 0) + 1
+    _tls.callbacks += 1
     try:
         fn(req)
     except BaseException:  # a callback's failure must not take the progress thread down
@@ -351,9 +375,10 @@ def _settle(req, fns) -> None:
     """The last stage of completion, without the lock: run the callbacks,
     release the communicator, then mark the request done (so wait() returns
     only after its callbacks ran)."""
-    req._settler = threading.get_ident()
-    for fn in fns:
-        _call(fn, req)
+    if fns:
+        req._settler = threading.get_ident()
+        for fn in fns:
+            _call(fn, req)
     st = req._st
     if st is not None:
         req._st = None
@@ -433,8 +458,10 @@ class _Engine:
 
     def _spawn(self) -> None:
         with self.lock:
-            if self.thread is not None:
-                return
+            self._spawn_locked()
+
+    def _spawn_locked(self) -> None:
+        if self.thread is None:
             self.thread = threading.Thread(target=self._run, name="mpicoll-progress", daemon=True)
             self.thread.start()
 
@@ -510,16 +537,28 @@ class _Engine:
                     self.wake_locked()
         return req._seen_done()
 
-    def wait_native(self, req: NativeRequest) -> None:
-        """wait() for a NativeRequest: alone, in MPI_Wait (GIL released);
-        otherwise as any wait(), driving the other requests too."""
+    def list_locked(self, req: NativeRequest) -> None:
+        """Put a NativeRequest in the list (lock held), once."""
+        if not req._listed and not req._finished:
+            req._listed = True
+            self.active.append(req)
+            if self.thread is None and self.use_thread():
+                self._spawn_locked()
+
+    def list_native(self, req: NativeRequest) -> None:
         with self.lock:
-            alone = not req._finished and req._deadline is None and len(self.active) == 1 \
-                and self.active[0] is req
+            if not req._blocking:
+                self.list_locked(req)
+
+    def wait_native(self, req: NativeRequest) -> None:
+        """wait() for a NativeRequest: in MPI_Wait (GIL released) while no
+        request is in the list; otherwise listed and driven with the others."""
+        with self.lock:
+            alone = not req._listed and not req._finished and not req._blocking and not self.active
             if alone:
-                # Out of the list first: no other thread may test an MPI
-                # request that this one waits on.
-                self.active = []
+                req._blocking = True
+            elif not req._blocking:
+                self.list_locked(req)
         if not alone:
             self.wait(req)
             return
@@ -608,15 +647,21 @@ def start(gen, result=None, finish=None, deadline=None, nbytes: int = WAKE_MIN_B
 def start_native(mpi_req, result=None, finish=None, nbytes: int = WAKE_MIN_BYTES, st=None, deadline=None,
                  expired=None) -> NativeRequest:
     """Hand an MPI request already started (the library's I-call, a started
-    persistent request) to the engine; ``finish`` runs once it completes."""
-    return _engine.start(NativeRequest(mpi_req, result, finish, deadline, st, expired),
-                         wake=nbytes >= WAKE_MIN_BYTES)
+    persistent request) to the engine; ``finish`` runs once it completes.
+    Listed at once only with a deadline (see NativeRequest)."""
+    req = NativeRequest(mpi_req, result, finish, deadline, st, expired)
+    if deadline is not None:
+        req._listed = True  # (listed by start)
+        return _engine.start(req, wake=nbytes >= WAKE_MIN_BYTES)
+    if st is not None:
+        st.hold()
+    return req
 
 
-def watch(mpi_req, wake: bool = False) -> NativeRequest:
+def watch(mpi_req) -> NativeRequest:
     """An MPI request (a point-to-point message) as an engine request, so
     that the engine's callbacks and progress thread serve it too."""
-    return _engine.start(NativeRequest(mpi_req), wake=wake)
+    return NativeRequest(mpi_req)
 
 
 def set_progress_thread(enabled: bool) -> None:

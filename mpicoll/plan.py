@@ -661,6 +661,7 @@ class Persistent:
             self._mpi = plan.native.init()
         self._active = False
         self._seq = -1  # the number of the call in flight (timeout messages)
+        self._finish = _then(plan.native.after, plan.finish) if self._mpi is not None else None
 
     @property
     def algorithm(self) -> str:
@@ -686,8 +687,8 @@ class Persistent:
             finally:
                 st.busy.release()
             deadline = None if plan.timeout is None else time.monotonic() + plan.timeout
-            self._req = engine.start_native(self._mpi, plan.result, _then(plan.native.after, plan.finish),
-                                            plan.nbytes, st, deadline, self._expired)
+            self._req = engine.start_native(self._mpi, plan.result, self._finish, plan.nbytes, st, deadline,
+                                            self._expired)
         else:
             self._req = plan.start(self._pool)
         self._active = True
