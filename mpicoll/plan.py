@@ -686,9 +686,14 @@ class Persistent:
                 self._mpi.Start()
             finally:
                 st.busy.release()
-            deadline = None if plan.timeout is None else time.monotonic() + plan.timeout
-            self._req = engine.start_native(self._mpi, plan.result, self._finish, plan.nbytes, st, deadline,
-                                            self._expired)
+            if plan.timeout is None:
+                # Handed to the engine only if wait() finds other requests
+                # in flight, or on test(): a start+wait pair with nothing
+                # else outstanding is Start and MPI_Wait, as in plain mpi4py.
+                self._req = None
+            else:
+                self._req = engine.start_native(self._mpi, plan.result, self._finish, plan.nbytes, st,
+                                                time.monotonic() + plan.timeout, self._expired)
         else:
             self._req = plan.start(self._pool)
         self._active = True
@@ -697,11 +702,26 @@ class Persistent:
         if not self._active:
             return self._plan.result  # MPI: waiting on an inactive persistent request returns at once
         try:
+            if self._req is None:
+                eng = engine._engine
+                with eng.lock:
+                    alone = not eng.active
+                if alone:
+                    self._mpi.Wait()
+                    if self._finish is not None:
+                        self._finish()
+                    return self._plan.result
+                self._listed()
             self._req.wait()
         finally:
             self._active = False
             self._req = None
         return self._plan.result
+
+    def _listed(self) -> None:
+        """The started library request, handed to the engine (see start)."""
+        plan = self._plan
+        self._req = engine.start_native(self._mpi, plan.result, self._finish, plan.nbytes, plan.st)
 
     def _expired(self) -> _sched.CollectiveTimeout:
         st, plan = self._plan.st, self._plan
@@ -715,6 +735,8 @@ class Persistent:
     def test(self) -> bool:
         if not self._active:
             return True
+        if self._req is None:
+            self._listed()
         try:
             if not self._req.test():
                 return False

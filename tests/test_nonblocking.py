@@ -281,11 +281,20 @@ def test_native_requests_are_thin(mode):
             == want_sum.tolist()
         x = inputs[rank].copy()
         pers = mpicoll.allreduce_init(x, op="avg", algorithm="mpi")
-        for _ in range(3):
+        for i in range(4):
             x[:] = inputs[rank]
             pers.start()
-            assert isinstance(pers._req, engine.NativeRequest) or pers._mpi is None
+            # The library's started request itself: handed to the engine
+            # only by test() or by a wait() that finds others in flight.
+            assert pers._req is None or pers._mpi is None
+            if i % 2:
+                while not pers.test():
+                    pass
             np.testing.assert_array_equal(pers.wait(), want_avg)
+        other = mpicoll.iallreduce(big[rank], algorithm="ring")  # in flight: wait() goes through the engine
+        pers.start()
+        np.testing.assert_array_equal(pers.wait(), want_avg)
+        np.testing.assert_array_equal(other.wait(), reference(big, "sum", p))
         pers.free()
         assert not nonblocking._engine.active
     finally:
