@@ -39,6 +39,7 @@ ENV_ALGORITHM = _plan.ENV_ALGORITHM
 # same shape - is served by the kept entry without building a plan.
 
 _WORLD = MPI.COMM_WORLD
+_WORLD_HANDLE = _WORLD.handle
 
 
 def _kept(comm, key):
@@ -138,12 +139,29 @@ def allreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", **options):
     Returns ``out`` (a new array of x's shape and dtype if ``out`` is None).
     """
     # The short path: a call of a kept signature runs the kept decision on
-    # this call's arrays (plan.KeptAllreduce; MISS sends it down the full path).
-    o = _opkey(op)
-    if not options and o is not None and _plain_call(x, algorithm):
-        return _door(("allreduce", x.shape, x.dtype, o, algorithm, _mode(x, out)), comm, (x, out),
-                     lambda nb: _plan.allreduce(x, op, comm=comm, out=out, algorithm=algorithm, nonblocking=nb),
-                     True, _mode(x, out))
+    # this call's arrays (plan.KeptAllreduce; MISS sends it down the full
+    # path). Written out rather than through _door: this is the most
+    # latency-bound call there is (a solver's dot product).
+    if not options and type(x) is np.ndarray and type(algorithm) is str:
+        o = op if type(op) is str else _opkey(op)
+        if o is not None:
+            mode = 0 if out is None else 1 if out is x else 2
+            key = ("allreduce", x.shape, x.dtype, o, algorithm, mode)
+            if comm is None:
+                st = _by_handle.get(_WORLD_HANDLE)
+            else:
+                st = _by_handle.get(comm.handle) if isinstance(comm, MPI.Comm) else None
+            if st is not None:
+                plans = st.plans._d
+                k = plans.get(key)
+                if k is not None:
+                    plans.move_to_end(key)
+                    res = k(x, out)
+                    if res is not _MISS:
+                        return res
+            plan = _plan.allreduce(x, op, comm=comm, out=out, algorithm=algorithm)
+            _keep(plan, key, mode)
+            return plan.run()
     if options:
         bad = set(options) - _OPTIONS
         if bad:
