@@ -1171,8 +1171,7 @@ class KeptAllreduce(_Kept):
         if engine._running_callbacks or not busy.acquire(False):
             enter(st)  # raises the error that applies
         try:
-            with st.lock:
-                st.seq += 1
+            st.next_seq()
             st.comm.Allreduce(_IN_PLACE if mode == 1 else [x, dt], [out, dt], self.op)
             if self.avg:
                 self.red.finish(out.reshape(-1), st.size)
