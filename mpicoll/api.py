@@ -191,11 +191,7 @@ def allgather(x, *, comm=None, out=None, algorithm="auto", check=None, timeout=N
     Returns an array of shape ``(p,) + x.shape``: row i is rank i's ``x``.
     Any fixed-size numpy dtype works, since nothing is reduced.
     """
-    if _plain_call(x, algorithm, check, timeout):
-        return _door(("allgather", x.shape, x.dtype, algorithm, out is not None), comm, (x, out),
-                     lambda nb: _plan.allgather(x, comm=comm, out=out, algorithm=algorithm, nonblocking=nb), True,
-                     out is not None)
-    return _plan.allgather(x, comm=comm, out=out, algorithm=algorithm, check=check, timeout=timeout).run()
+    return _allgather(x, comm, out, algorithm, check, timeout, True)
 
 
 def bcast(x, root=0, *, comm=None, algorithm="auto", check=None, timeout=None):
@@ -203,10 +199,7 @@ def bcast(x, root=0, *, comm=None, algorithm="auto", check=None, timeout=None):
 
     ``x`` must be a writable, C-contiguous buffer. Returns ``x``.
     """
-    if _plain_call(x, algorithm, check, timeout) and type(root) is int:
-        return _door(("bcast", x.shape, x.dtype, root, algorithm), comm, (x,),
-                     lambda nb: _plan.bcast(x, root, comm=comm, algorithm=algorithm, nonblocking=nb), True)
-    return _plan.bcast(x, root, comm=comm, algorithm=algorithm, check=check, timeout=timeout).run()
+    return _bcast(x, root, comm, algorithm, check, timeout, True)
 
 
 def reduce(x, op="sum", root=0, *, comm=None, out=None, algorithm="auto", dtype=None, check=None, timeout=None):
@@ -215,13 +208,7 @@ def reduce(x, op="sum", root=0, *, comm=None, out=None, algorithm="auto", dtype=
     Returns the result (``out`` if given) on root and None elsewhere; ``out``
     is only looked at on root.
     """
-    o = _opkey(op)
-    if _plain_call(x, algorithm, dtype, check, timeout) and o is not None and type(root) is int:
-        return _door(("reduce", x.shape, x.dtype, o, root, algorithm, _mode(x, out)), comm, (x, out),
-                     lambda nb: _plan.reduce(x, op, root, comm=comm, out=out, algorithm=algorithm, nonblocking=nb),
-                     True, _mode(x, out))
-    return _plan.reduce(x, op, root, comm=comm, out=out, algorithm=algorithm, dtype=dtype, check=check,
-                        timeout=timeout).run()
+    return _reduce(x, op, root, comm, out, algorithm, dtype, check, timeout, True)
 
 
 # ---- nonblocking ----------------------------------------------------------------
@@ -250,32 +237,17 @@ def ireduce_scatter(x, op="sum", *, comm=None, counts=None, out=None, algorithm=
 
 def iallgather(x, *, comm=None, out=None, algorithm="auto", check=None, timeout=None):
     """Nonblocking ``allgather``; returns a Request."""
-    if _plain_call(x, algorithm, check, timeout):
-        return _door(("allgather", x.shape, x.dtype, algorithm, out is not None), comm, (x, out),
-                     lambda nb: _plan.allgather(x, comm=comm, out=out, algorithm=algorithm, nonblocking=nb), False,
-                     out is not None)
-    return _plan.allgather(x, comm=comm, out=out, algorithm=algorithm, check=check, timeout=timeout,
-                           nonblocking=True).start()
+    return _allgather(x, comm, out, algorithm, check, timeout, False)
 
 
 def ibcast(x, root=0, *, comm=None, algorithm="auto", check=None, timeout=None):
     """Nonblocking ``bcast``; returns a Request."""
-    if _plain_call(x, algorithm, check, timeout) and type(root) is int:
-        return _door(("bcast", x.shape, x.dtype, root, algorithm), comm, (x,),
-                     lambda nb: _plan.bcast(x, root, comm=comm, algorithm=algorithm, nonblocking=nb), False)
-    return _plan.bcast(x, root, comm=comm, algorithm=algorithm, check=check, timeout=timeout,
-                       nonblocking=True).start()
+    return _bcast(x, root, comm, algorithm, check, timeout, False)
 
 
 def ireduce(x, op="sum", root=0, *, comm=None, out=None, algorithm="auto", dtype=None, check=None, timeout=None):
     """Nonblocking ``reduce``; returns a Request (its result is None off root)."""
-    o = _opkey(op)
-    if _plain_call(x, algorithm, dtype, check, timeout) and o is not None and type(root) is int:
-        return _door(("reduce", x.shape, x.dtype, o, root, algorithm, _mode(x, out)), comm, (x, out),
-                     lambda nb: _plan.reduce(x, op, root, comm=comm, out=out, algorithm=algorithm, nonblocking=nb),
-                     False, _mode(x, out))
-    return _plan.reduce(x, op, root, comm=comm, out=out, algorithm=algorithm, dtype=dtype, check=check,
-                        timeout=timeout, nonblocking=True).start()
+    return _reduce(x, op, root, comm, out, algorithm, dtype, check, timeout, False)
 
 
 # ---- persistent --------------------------------------------------------------------
@@ -363,14 +335,7 @@ def scatter(x, root=0, *, comm=None, out=None, counts=None, algorithm="auto", ch
     contents are not read) or ``x=None`` and ``out``. On root, ``out`` may be
     row ``root`` of ``x`` itself (in place). Returns this rank's block.
     """
-    if _plain_call(x if x is not None else out, algorithm, counts, check, timeout) and type(root) is int:
-        a = x if x is not None else out
-        return _door(("scatter", None if x is None else x.shape, a.dtype, None if out is None else out.shape, root,
-                      algorithm), comm, (x, out),
-                     lambda nb: _plan.scatter(x, root, comm=comm, out=out, algorithm=algorithm, nonblocking=nb),
-                     True)
-    return _plan.scatter(x, root, comm=comm, out=out, counts=counts, algorithm=algorithm, check=check,
-                         timeout=timeout).run()
+    return _scatter(x, root, comm, out, counts, algorithm, check, timeout, True)
 
 
 def gather(x, root=0, *, comm=None, out=None, counts=None, algorithm="auto", check=None, timeout=None):
@@ -378,12 +343,7 @@ def gather(x, root=0, *, comm=None, out=None, counts=None, algorithm="auto", che
     rank i), or with ``counts`` the flat concatenation. ``x`` may be root's
     own row/block of ``out`` (in place). Returns the result on root, None elsewhere.
     """
-    if _plain_call(x, algorithm, counts, check, timeout) and type(root) is int:
-        return _door(("gather", x.shape, x.dtype, root, algorithm, out is not None), comm, (x, out),
-                     lambda nb: _plan.gather(x, root, comm=comm, out=out, algorithm=algorithm, nonblocking=nb),
-                     True)
-    return _plan.gather(x, root, comm=comm, out=out, counts=counts, algorithm=algorithm, check=check,
-                        timeout=timeout).run()
+    return _gather(x, root, comm, out, counts, algorithm, check, timeout, True)
 
 
 def allgatherv(x, counts, *, comm=None, out=None, algorithm="auto", check=None, timeout=None):
@@ -397,11 +357,7 @@ def allgatherv(x, counts, *, comm=None, out=None, algorithm="auto", check=None, 
 def alltoall(x, *, comm=None, out=None, algorithm="auto", check=None, timeout=None):
     """Row j of ``x`` (shape ``(p,) + s``) goes to rank j; row i of the result
     came from rank i. ``out=x`` works in place."""
-    if _plain_call(x, algorithm, check, timeout):
-        return _door(("alltoall", x.shape, x.dtype, algorithm, _mode(x, out)), comm, (x, out),
-                     lambda nb: _plan.alltoall(x, comm=comm, out=out, algorithm=algorithm, nonblocking=nb),
-                     True, _mode(x, out))
-    return _plan.alltoall(x, comm=comm, out=out, algorithm=algorithm, check=check, timeout=timeout).run()
+    return _alltoall(x, comm, out, algorithm, check, timeout, True)
 
 
 def alltoallv(x, sendcounts, recvcounts, *, comm=None, out=None, algorithm="auto", check=None, timeout=None):
@@ -414,24 +370,12 @@ def alltoallv(x, sendcounts, recvcounts, *, comm=None, out=None, algorithm="auto
 
 def iscatter(x, root=0, *, comm=None, out=None, counts=None, algorithm="auto", check=None, timeout=None):
     """Nonblocking ``scatter``; returns a Request."""
-    if _plain_call(x if x is not None else out, algorithm, counts, check, timeout) and type(root) is int:
-        a = x if x is not None else out
-        return _door(("scatter", None if x is None else x.shape, a.dtype, None if out is None else out.shape, root,
-                      algorithm), comm, (x, out),
-                     lambda nb: _plan.scatter(x, root, comm=comm, out=out, algorithm=algorithm, nonblocking=nb),
-                     False)
-    return _plan.scatter(x, root, comm=comm, out=out, counts=counts, algorithm=algorithm, check=check,
-                         timeout=timeout, nonblocking=True).start()
+    return _scatter(x, root, comm, out, counts, algorithm, check, timeout, False)
 
 
 def igather(x, root=0, *, comm=None, out=None, counts=None, algorithm="auto", check=None, timeout=None):
     """Nonblocking ``gather``; returns a Request (its result is None off root)."""
-    if _plain_call(x, algorithm, counts, check, timeout) and type(root) is int:
-        return _door(("gather", x.shape, x.dtype, root, algorithm, out is not None), comm, (x, out),
-                     lambda nb: _plan.gather(x, root, comm=comm, out=out, algorithm=algorithm, nonblocking=nb),
-                     False)
-    return _plan.gather(x, root, comm=comm, out=out, counts=counts, algorithm=algorithm, check=check,
-                        timeout=timeout, nonblocking=True).start()
+    return _gather(x, root, comm, out, counts, algorithm, check, timeout, False)
 
 
 def iallgatherv(x, counts, *, comm=None, out=None, algorithm="auto", check=None, timeout=None):
@@ -442,12 +386,7 @@ def iallgatherv(x, counts, *, comm=None, out=None, algorithm="auto", check=None,
 
 def ialltoall(x, *, comm=None, out=None, algorithm="auto", check=None, timeout=None):
     """Nonblocking ``alltoall``; returns a Request."""
-    if _plain_call(x, algorithm, check, timeout):
-        return _door(("alltoall", x.shape, x.dtype, algorithm, _mode(x, out)), comm, (x, out),
-                     lambda nb: _plan.alltoall(x, comm=comm, out=out, algorithm=algorithm, nonblocking=nb),
-                     False, _mode(x, out))
-    return _plan.alltoall(x, comm=comm, out=out, algorithm=algorithm, check=check, timeout=timeout,
-                          nonblocking=True).start()
+    return _alltoall(x, comm, out, algorithm, check, timeout, False)
 
 
 def ialltoallv(x, sendcounts, recvcounts, *, comm=None, out=None, algorithm="auto", check=None, timeout=None):
@@ -488,3 +427,67 @@ def alltoallv_init(x, sendcounts, recvcounts, *, comm=None, out=None, algorithm=
     """Persistent ``alltoallv`` (see allreduce_init)."""
     return _plan.Persistent(_plan.alltoallv(x, sendcounts, recvcounts, comm=comm, out=out, algorithm=algorithm,
                                             check=check, timeout=timeout, nonblocking=True))
+
+
+# ---- the doors with kept plans: one body per collective, blocking or not ----------
+# A call the kept doors take (plain numpy input, no per-call option) goes
+# through _door; anything else through the full plan path.
+
+def _go(plan, blocking: bool):
+    return plan.run() if blocking else plan.start()
+
+
+def _bcast(x, root, comm, algorithm, check, timeout, blocking):
+    if _plain_call(x, algorithm, check, timeout) and type(root) is int:
+        return _door(("bcast", x.shape, x.dtype, root, algorithm), comm, (x,),
+                     lambda nb: _plan.bcast(x, root, comm=comm, algorithm=algorithm, nonblocking=nb), blocking)
+    return _go(_plan.bcast(x, root, comm=comm, algorithm=algorithm, check=check, timeout=timeout,
+                           nonblocking=not blocking), blocking)
+
+
+def _reduce(x, op, root, comm, out, algorithm, dtype, check, timeout, blocking):
+    o = _opkey(op)
+    if _plain_call(x, algorithm, dtype, check, timeout) and o is not None and type(root) is int:
+        return _door(("reduce", x.shape, x.dtype, o, root, algorithm, _mode(x, out)), comm, (x, out),
+                     lambda nb: _plan.reduce(x, op, root, comm=comm, out=out, algorithm=algorithm, nonblocking=nb),
+                     blocking, _mode(x, out))
+    return _go(_plan.reduce(x, op, root, comm=comm, out=out, algorithm=algorithm, dtype=dtype, check=check,
+                            timeout=timeout, nonblocking=not blocking), blocking)
+
+
+def _allgather(x, comm, out, algorithm, check, timeout, blocking):
+    if _plain_call(x, algorithm, check, timeout):
+        return _door(("allgather", x.shape, x.dtype, algorithm, out is not None), comm, (x, out),
+                     lambda nb: _plan.allgather(x, comm=comm, out=out, algorithm=algorithm, nonblocking=nb),
+                     blocking, out is not None)
+    return _go(_plan.allgather(x, comm=comm, out=out, algorithm=algorithm, check=check, timeout=timeout,
+                               nonblocking=not blocking), blocking)
+
+
+def _scatter(x, root, comm, out, counts, algorithm, check, timeout, blocking):
+    a = x if x is not None else out
+    if _plain_call(a, algorithm, counts, check, timeout) and type(root) is int:
+        return _door(("scatter", None if x is None else x.shape, a.dtype, None if out is None else out.shape, root,
+                      algorithm), comm, (x, out),
+                     lambda nb: _plan.scatter(x, root, comm=comm, out=out, algorithm=algorithm, nonblocking=nb),
+                     blocking)
+    return _go(_plan.scatter(x, root, comm=comm, out=out, counts=counts, algorithm=algorithm, check=check,
+                             timeout=timeout, nonblocking=not blocking), blocking)
+
+
+def _gather(x, root, comm, out, counts, algorithm, check, timeout, blocking):
+    if _plain_call(x, algorithm, counts, check, timeout) and type(root) is int:
+        return _door(("gather", x.shape, x.dtype, root, algorithm, out is not None), comm, (x, out),
+                     lambda nb: _plan.gather(x, root, comm=comm, out=out, algorithm=algorithm, nonblocking=nb),
+                     blocking)
+    return _go(_plan.gather(x, root, comm=comm, out=out, counts=counts, algorithm=algorithm, check=check,
+                            timeout=timeout, nonblocking=not blocking), blocking)
+
+
+def _alltoall(x, comm, out, algorithm, check, timeout, blocking):
+    if _plain_call(x, algorithm, check, timeout):
+        return _door(("alltoall", x.shape, x.dtype, algorithm, _mode(x, out)), comm, (x, out),
+                     lambda nb: _plan.alltoall(x, comm=comm, out=out, algorithm=algorithm, nonblocking=nb),
+                     blocking, _mode(x, out))
+    return _go(_plan.alltoall(x, comm=comm, out=out, algorithm=algorithm, check=check, timeout=timeout,
+                              nonblocking=not blocking), blocking)
