@@ -81,11 +81,12 @@ def test_threads_on_different_communicators():
     comms = [world.Dup() for _ in range(nthreads)]
     errors, results = [], {}
     algorithms = [a for a in mpicoll.algorithms() if a != "auto"]
-    # Shared windows are created here, one communicator at a time: Open MPI
+    # Shared windows and node communicators are created here, one
+    # communicator at a time and at the sizes the threads use: Open MPI
     # aborts when two threads allocate windows at once (docs/reliability.md).
-    for c in comms:
+    for t, c in enumerate(comms):
         for alg in algorithms:
-            mpicoll.allreduce(np.ones(8, np.int64), comm=c, algorithm=alg)
+            mpicoll.allreduce(np.ones(1000 + 37 * t, np.int64), comm=c, algorithm=alg)
 
     def work(t):
         try:
