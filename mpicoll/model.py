@@ -136,13 +136,22 @@ def _weighted_blocks(count: int, weights) -> list:
     equal weights: np.array_split's rule)."""
     if weights is None or all(w == weights[0] for w in weights):
         return _blocks(count, len(weights) if weights else 1)
+    cuts = weighted_cuts(count, weights)
+    return [b - a for a, b in zip(cuts[:-1], cuts[1:])]
+
+
+def weighted_cuts(n: int, weights) -> list:
+    """Where the blocks of ``n`` elements split when block r gets about
+    n weights[r] / sum(weights): cumulative floors, so every rank computes
+    the same cuts from the same weights (hetero_ring's partition; kept here,
+    in the module without MPI, so that the model prices exactly it)."""
     total = math.fsum(weights)
     cuts, acc = [0], 0.0
     for w in weights[:-1]:
         acc += w
-        cuts.append(min(count, int(count * acc / total)))
-    cuts.append(count)
-    return [b - a for a, b in zip(cuts[:-1], cuts[1:])]
+        cuts.append(min(n, int(n * acc / total)))
+    cuts.append(n)
+    return cuts
 
 
 def _per_rank(algorithm: str, p: int, count: int, itemsize: int) -> list:

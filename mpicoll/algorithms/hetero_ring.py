@@ -53,6 +53,7 @@ import math
 import numpy as np
 
 from . import recursive_doubling, register, ring
+from ..model import weighted_cuts
 from .common import block_bounds
 
 # The ping of ``"measure"``: long enough that bandwidth, not latency,
@@ -73,12 +74,7 @@ def weighted_bounds(n: int, weights) -> list:
     p = len(weights)
     if all(w == weights[0] for w in weights):
         return block_bounds(n, p)
-    total = math.fsum(weights)
-    cuts, acc = [0], 0.0
-    for w in weights[:-1]:
-        acc += w
-        cuts.append(min(n, int(n * acc / total)))
-    cuts.append(n)
+    cuts = weighted_cuts(n, weights)
     return list(zip(cuts[:-1], cuts[1:]))
 
 
