@@ -55,13 +55,22 @@ TORCH ?= torch==2.13.0
 export MPICOLL_EXPECT_MPI := $(MPI)
 # tests/test_timeout.py launches its own mpiexec jobs (Open MPI needs the flags).
 export MPIEXEC_FLAGS
+# Let Python cache bytecode (__pycache__/, ignored by git) even where the
+# environment turns that off: every rank of every test job would otherwise
+# compile mpicoll, pytest's rewritten test files and the tests' imports again
+# (measured: collecting the MPI tests took 4.9 s of CPU per rank uncached,
+# 3.3 s cached; `import mpicoll` 0.30 s vs 0.23 s).
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: test-timeout install test test-serial test-mpi demo bench-kernels bench tune clean fuzz sanitize test-large test-portable
 
-$(STAMP): pyproject.toml setup.py csrc/*.c csrc/*.h csrc/build_kernels.py
+$(STAMP): pyproject.toml setup.py csrc/*.c csrc/*.h csrc/build_kernels.py csrc/build_executor.py
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -e '.[$(MPI),test,examples]'
+	@# The schedule executor calls MPI itself: built against this venv's MPI
+	@# library (mpicoll/_executor_$(MPI)*.so, beside the kernels).
+	$(PY) csrc/build_executor.py
 	$(if $(TORCH),$(VENV)/bin/pip install -q '$(TORCH)')
 	touch $@
 

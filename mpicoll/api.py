@@ -12,12 +12,13 @@ in recursive doubling, computed by both partners from the same operands in
 the same order).
 
 Short collectives are latency-bound (solvers' dot products and norms are
-8-256 bytes), so ``allreduce`` (and ``iallreduce``), ``bcast``, ``reduce``, ``allgather``,
-``scatter``, ``gather`` and ``alltoall`` file
-what a call decided in the communicator's plan cache under the call's
-signature (plancache.py): a repeated call, on the same arrays or on new ones
-of the same shape, re-checks only what the signature does not pin down and
-runs the kept decision on its own arrays.
+8-256 bytes), so every collective's blocking and ``i*`` doors (allreduce,
+reduce_scatter, allgather(v), bcast, reduce, scatter(v), gather(v),
+alltoall(v)) file what a call decided in the communicator's plan cache under
+the call's signature, counts vectors included (plancache.py): a repeated
+call, on the same arrays or on new ones of the same shape, re-checks only
+what the signature does not pin down and runs the kept decision on its own
+arrays.
 """
 from __future__ import annotations
 
@@ -26,12 +27,14 @@ import numpy as np
 from mpi4py import MPI
 
 from . import plan as _plan
+from . import arguments as _args
+from .persistent import Persistent
 from . import ops as _ops
 from . import select
 from .comm import _by_handle, check_intracomm
-from .plancache import MISS as _MISS
+from .plancache import MISS as _MISS, counts_key
 
-ENV_ALGORITHM = _plan.ENV_ALGORITHM
+ENV_ALGORITHM = _args.ENV_ALGORITHM
 
 # ---- kept plans ------------------------------------------------------------------
 # Every communicator's state keeps the decisions of its calls by signature
@@ -88,11 +91,14 @@ def _plain_call(x, algorithm, *rest) -> bool:
 
 def _opkey(op):
     """A hashable stand-in for ``op`` in a key (mpi4py's Op objects are not
-    hashable), or None for anything the full path must look at."""
+    hashable; mpicoll's own, which mpicoll.Comm passes, stand for their name),
+    or None for anything the full path must look at."""
     if type(op) is str:
         return op
     if type(op) is MPI.Op:
         return op.py2f()
+    if type(op) is _ops.Op:
+        return op.name
     return None
 
 
@@ -139,7 +145,7 @@ def allreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", **options):
     Returns ``out`` (a new array of x's shape and dtype if ``out`` is None).
     """
     # The short path: a call of a kept signature runs the kept decision on
-    # this call's arrays (plan.KeptAllreduce; MISS sends it down the full
+    # this call's arrays (kept.KeptAllreduce; MISS sends it down the full
     # path). Written out rather than through _door: this is the most
     # latency-bound call there is (a solver's dot product).
     if not options and type(x) is np.ndarray and type(algorithm) is str:
@@ -181,8 +187,7 @@ def reduce_scatter(x, op="sum", *, comm=None, counts=None, out=None, algorithm="
     every rank's block length (they must add up to ``x.size``). Returns a
     1-D array with this rank's block (``out`` if given).
     """
-    return _plan.reduce_scatter(x, op, comm=comm, counts=counts, out=out, algorithm=algorithm, dtype=dtype,
-                                check=check, timeout=timeout).run()
+    return _reduce_scatter(x, op, comm, counts, out, algorithm, dtype, check, timeout, True)
 
 
 def allgather(x, *, comm=None, out=None, algorithm="auto", check=None, timeout=None):
@@ -231,8 +236,7 @@ def iallreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", dtype=None
 def ireduce_scatter(x, op="sum", *, comm=None, counts=None, out=None, algorithm="auto", dtype=None, check=None,
                     timeout=None):
     """Nonblocking ``reduce_scatter``; returns a Request."""
-    return _plan.reduce_scatter(x, op, comm=comm, counts=counts, out=out, algorithm=algorithm, dtype=dtype,
-                                check=check, timeout=timeout, nonblocking=True).start()
+    return _reduce_scatter(x, op, comm, counts, out, algorithm, dtype, check, timeout, False)
 
 
 def iallgather(x, *, comm=None, out=None, algorithm="auto", check=None, timeout=None):
@@ -253,41 +257,41 @@ def ireduce(x, op="sum", root=0, *, comm=None, out=None, algorithm="auto", dtype
 # ---- persistent --------------------------------------------------------------------
 
 def allreduce_init(x, op="sum", *, comm=None, out=None, algorithm="auto", dtype=None, compression=None,
-                   reproducible=False, check=None, timeout=None) -> _plan.Persistent:
+                   reproducible=False, check=None, timeout=None) -> Persistent:
     """A persistent all-reduce (MPI-4 ``MPI_Allreduce_init``): validated and
     decided once, then ``req.start(); req.wait()`` (or ``req()``) as often
     as needed, in the same order on every rank. ``x`` and ``out`` are bound:
     write new input into ``x`` between runs. With ``algorithm="mpi"`` (or
     when "auto" picks it) the MPI library's own persistent collective is
     used where it has one. Creating it is collective (like MPI's)."""
-    return _plan.Persistent(_plan.allreduce(x, op, comm=comm, out=out, algorithm=algorithm, dtype=dtype,
+    return Persistent(_plan.allreduce(x, op, comm=comm, out=out, algorithm=algorithm, dtype=dtype,
                                             compression=compression, reproducible=reproducible, check=check,
                                             timeout=timeout, nonblocking=True))
 
 
 def reduce_scatter_init(x, op="sum", *, comm=None, counts=None, out=None, algorithm="auto", dtype=None,
-                        check=None, timeout=None) -> _plan.Persistent:
+                        check=None, timeout=None) -> Persistent:
     """Persistent ``reduce_scatter`` (see allreduce_init)."""
-    return _plan.Persistent(_plan.reduce_scatter(x, op, comm=comm, counts=counts, out=out, algorithm=algorithm,
+    return Persistent(_plan.reduce_scatter(x, op, comm=comm, counts=counts, out=out, algorithm=algorithm,
                                                  dtype=dtype, check=check, timeout=timeout, nonblocking=True))
 
 
-def allgather_init(x, *, comm=None, out=None, algorithm="auto", check=None, timeout=None) -> _plan.Persistent:
+def allgather_init(x, *, comm=None, out=None, algorithm="auto", check=None, timeout=None) -> Persistent:
     """Persistent ``allgather`` (see allreduce_init)."""
-    return _plan.Persistent(_plan.allgather(x, comm=comm, out=out, algorithm=algorithm, check=check,
+    return Persistent(_plan.allgather(x, comm=comm, out=out, algorithm=algorithm, check=check,
                                             timeout=timeout, nonblocking=True))
 
 
-def bcast_init(x, root=0, *, comm=None, algorithm="auto", check=None, timeout=None) -> _plan.Persistent:
+def bcast_init(x, root=0, *, comm=None, algorithm="auto", check=None, timeout=None) -> Persistent:
     """Persistent ``bcast`` (see allreduce_init)."""
-    return _plan.Persistent(_plan.bcast(x, root, comm=comm, algorithm=algorithm, check=check, timeout=timeout,
+    return Persistent(_plan.bcast(x, root, comm=comm, algorithm=algorithm, check=check, timeout=timeout,
                                         nonblocking=True))
 
 
 def reduce_init(x, op="sum", root=0, *, comm=None, out=None, algorithm="auto", dtype=None, check=None,
-                timeout=None) -> _plan.Persistent:
+                timeout=None) -> Persistent:
     """Persistent ``reduce`` (see allreduce_init)."""
-    return _plan.Persistent(_plan.reduce(x, op, root, comm=comm, out=out, algorithm=algorithm, dtype=dtype,
+    return Persistent(_plan.reduce(x, op, root, comm=comm, out=out, algorithm=algorithm, dtype=dtype,
                                          check=check, timeout=timeout, nonblocking=True))
 
 
@@ -307,17 +311,30 @@ def explain(nbytes: int, *, comm=None, op="sum", dtype="float32") -> select.Choi
         else _dtypes.of_numpy(np.dtype(dtype))
     o = _ops.resolve(op)
     o.check_dtype(dt)
-    forced, _, _ = _plan.env_settings()
+    forced, _, _ = _args.env_settings()
+    st = state(comm)
     if forced and forced != "auto":
         from . import algorithms as _alg
 
         if _alg.has("allreduce", forced):
-            return select.Choice(forced, f"forced by {ENV_ALGORITHM}")
-    st = state(comm)
+            return _hand_off(select.Choice(forced, f"forced by {ENV_ALGORITHM}"), st.nodes)
     c = select.allreduce(st.size, int(nbytes), o.name, dt.name, native_dtype=reduces_natively(dt, o),
-                         profile=st.profile, ranks_per_node=st.ranks_per_node, nodes=st.nodes)
+                         profile=st.profile, ranks_per_node=st.ranks_per_node, nodes=st.nodes,
+                         link_weights=st.extra.get("hetero_ring"))
     if st.profile_note:
         c = c._replace(reason=f"{c.reason} ({st.profile_note})")
+    return _hand_off(c, st.nodes)
+
+
+def _hand_off(c: select.Choice, nodes: int) -> select.Choice:
+    """Say so where the algorithm runs as the other one: shm's windows only
+    reach one node, so on several it runs hierarchical (shm within each
+    node, then across); hierarchical on one node has nothing to cross and
+    is shm."""
+    if c.name == "shm" and nodes > 1:
+        return c._replace(reason=f"{c.reason}; on {nodes} nodes shm runs as hierarchical")
+    if c.name == "hierarchical" and nodes == 1:
+        return c._replace(reason=f"{c.reason}; on one node hierarchical runs as shm")
     return c
 
 
@@ -350,8 +367,7 @@ def allgatherv(x, counts, *, comm=None, out=None, algorithm="auto", check=None, 
     """Every rank's ``x`` (``counts[rank]`` elements) concatenated in rank order,
     on every rank (1-D, ``sum(counts)`` elements). ``x`` may be this rank's
     block of ``out`` (in place)."""
-    return _plan.allgatherv(x, counts, comm=comm, out=out, algorithm=algorithm, check=check,
-                            timeout=timeout).run()
+    return _allgatherv(x, counts, comm, out, algorithm, check, timeout, True)
 
 
 def alltoall(x, *, comm=None, out=None, algorithm="auto", check=None, timeout=None):
@@ -364,8 +380,7 @@ def alltoallv(x, sendcounts, recvcounts, *, comm=None, out=None, algorithm="auto
     """``x`` taken flat: the next ``sendcounts[j]`` elements go to rank j; the
     result (1-D, ``sum(recvcounts)``) holds ``recvcounts[i]`` elements from
     rank i, in rank order. ``out=x`` works in place (equal totals)."""
-    return _plan.alltoallv(x, sendcounts, recvcounts, comm=comm, out=out, algorithm=algorithm, check=check,
-                           timeout=timeout).run()
+    return _alltoallv(x, sendcounts, recvcounts, comm, out, algorithm, check, timeout, True)
 
 
 def iscatter(x, root=0, *, comm=None, out=None, counts=None, algorithm="auto", check=None, timeout=None):
@@ -380,8 +395,7 @@ def igather(x, root=0, *, comm=None, out=None, counts=None, algorithm="auto", ch
 
 def iallgatherv(x, counts, *, comm=None, out=None, algorithm="auto", check=None, timeout=None):
     """Nonblocking ``allgatherv``; returns a Request."""
-    return _plan.allgatherv(x, counts, comm=comm, out=out, algorithm=algorithm, check=check, timeout=timeout,
-                            nonblocking=True).start()
+    return _allgatherv(x, counts, comm, out, algorithm, check, timeout, False)
 
 
 def ialltoall(x, *, comm=None, out=None, algorithm="auto", check=None, timeout=None):
@@ -391,41 +405,40 @@ def ialltoall(x, *, comm=None, out=None, algorithm="auto", check=None, timeout=N
 
 def ialltoallv(x, sendcounts, recvcounts, *, comm=None, out=None, algorithm="auto", check=None, timeout=None):
     """Nonblocking ``alltoallv``; returns a Request."""
-    return _plan.alltoallv(x, sendcounts, recvcounts, comm=comm, out=out, algorithm=algorithm, check=check,
-                           timeout=timeout, nonblocking=True).start()
+    return _alltoallv(x, sendcounts, recvcounts, comm, out, algorithm, check, timeout, False)
 
 
 def scatter_init(x, root=0, *, comm=None, out=None, counts=None, algorithm="auto", check=None,
-                 timeout=None) -> _plan.Persistent:
+                 timeout=None) -> Persistent:
     """Persistent ``scatter`` (see allreduce_init)."""
-    return _plan.Persistent(_plan.scatter(x, root, comm=comm, out=out, counts=counts, algorithm=algorithm,
+    return Persistent(_plan.scatter(x, root, comm=comm, out=out, counts=counts, algorithm=algorithm,
                                           check=check, timeout=timeout, nonblocking=True))
 
 
 def gather_init(x, root=0, *, comm=None, out=None, counts=None, algorithm="auto", check=None,
-                timeout=None) -> _plan.Persistent:
+                timeout=None) -> Persistent:
     """Persistent ``gather`` (see allreduce_init)."""
-    return _plan.Persistent(_plan.gather(x, root, comm=comm, out=out, counts=counts, algorithm=algorithm,
+    return Persistent(_plan.gather(x, root, comm=comm, out=out, counts=counts, algorithm=algorithm,
                                          check=check, timeout=timeout, nonblocking=True))
 
 
 def allgatherv_init(x, counts, *, comm=None, out=None, algorithm="auto", check=None,
-                    timeout=None) -> _plan.Persistent:
+                    timeout=None) -> Persistent:
     """Persistent ``allgatherv`` (see allreduce_init)."""
-    return _plan.Persistent(_plan.allgatherv(x, counts, comm=comm, out=out, algorithm=algorithm, check=check,
+    return Persistent(_plan.allgatherv(x, counts, comm=comm, out=out, algorithm=algorithm, check=check,
                                              timeout=timeout, nonblocking=True))
 
 
-def alltoall_init(x, *, comm=None, out=None, algorithm="auto", check=None, timeout=None) -> _plan.Persistent:
+def alltoall_init(x, *, comm=None, out=None, algorithm="auto", check=None, timeout=None) -> Persistent:
     """Persistent ``alltoall`` (see allreduce_init)."""
-    return _plan.Persistent(_plan.alltoall(x, comm=comm, out=out, algorithm=algorithm, check=check,
+    return Persistent(_plan.alltoall(x, comm=comm, out=out, algorithm=algorithm, check=check,
                                            timeout=timeout, nonblocking=True))
 
 
 def alltoallv_init(x, sendcounts, recvcounts, *, comm=None, out=None, algorithm="auto", check=None,
-                   timeout=None) -> _plan.Persistent:
+                   timeout=None) -> Persistent:
     """Persistent ``alltoallv`` (see allreduce_init)."""
-    return _plan.Persistent(_plan.alltoallv(x, sendcounts, recvcounts, comm=comm, out=out, algorithm=algorithm,
+    return Persistent(_plan.alltoallv(x, sendcounts, recvcounts, comm=comm, out=out, algorithm=algorithm,
                                             check=check, timeout=timeout, nonblocking=True))
 
 
@@ -447,9 +460,11 @@ def _bcast(x, root, comm, algorithm, check, timeout, blocking):
 
 def _reduce(x, op, root, comm, out, algorithm, dtype, check, timeout, blocking):
     o = _opkey(op)
-    if _plain_call(x, algorithm, dtype, check, timeout) and o is not None and type(root) is int:
-        return _door(("reduce", x.shape, x.dtype, o, root, algorithm, _mode(x, out)), comm, (x, out),
-                     lambda nb: _plan.reduce(x, op, root, comm=comm, out=out, algorithm=algorithm, nonblocking=nb),
+    if _plain_call(x, algorithm, check, timeout) and o is not None and type(root) is int \
+            and (dtype is None or type(dtype) is str):
+        return _door(("reduce", x.shape, x.dtype, o, dtype, root, algorithm, _mode(x, out)), comm, (x, out),
+                     lambda nb: _plan.reduce(x, op, root, comm=comm, out=out, algorithm=algorithm, dtype=dtype,
+                                             nonblocking=nb),
                      blocking, _mode(x, out))
     return _go(_plan.reduce(x, op, root, comm=comm, out=out, algorithm=algorithm, dtype=dtype, check=check,
                             timeout=timeout, nonblocking=not blocking), blocking)
@@ -466,19 +481,23 @@ def _allgather(x, comm, out, algorithm, check, timeout, blocking):
 
 def _scatter(x, root, comm, out, counts, algorithm, check, timeout, blocking):
     a = x if x is not None else out
-    if _plain_call(a, algorithm, counts, check, timeout) and type(root) is int:
-        return _door(("scatter", None if x is None else x.shape, a.dtype, None if out is None else out.shape, root,
-                      algorithm), comm, (x, out),
-                     lambda nb: _plan.scatter(x, root, comm=comm, out=out, algorithm=algorithm, nonblocking=nb),
+    c = counts_key(counts)
+    if _plain_call(a, algorithm, check, timeout) and type(root) is int and c is not False:
+        return _door(("scatter", None if x is None else x.shape, a.dtype, None if out is None else out.shape, c,
+                      root, algorithm), comm, (x, out),
+                     lambda nb: _plan.scatter(x, root, comm=comm, out=out, counts=counts, algorithm=algorithm,
+                                              nonblocking=nb),
                      blocking)
     return _go(_plan.scatter(x, root, comm=comm, out=out, counts=counts, algorithm=algorithm, check=check,
                              timeout=timeout, nonblocking=not blocking), blocking)
 
 
 def _gather(x, root, comm, out, counts, algorithm, check, timeout, blocking):
-    if _plain_call(x, algorithm, counts, check, timeout) and type(root) is int:
-        return _door(("gather", x.shape, x.dtype, root, algorithm, out is not None), comm, (x, out),
-                     lambda nb: _plan.gather(x, root, comm=comm, out=out, algorithm=algorithm, nonblocking=nb),
+    c = counts_key(counts)
+    if _plain_call(x, algorithm, check, timeout) and type(root) is int and c is not False:
+        return _door(("gather", x.shape, x.dtype, c, root, algorithm, out is not None), comm, (x, out),
+                     lambda nb: _plan.gather(x, root, comm=comm, out=out, counts=counts, algorithm=algorithm,
+                                             nonblocking=nb),
                      blocking)
     return _go(_plan.gather(x, root, comm=comm, out=out, counts=counts, algorithm=algorithm, check=check,
                             timeout=timeout, nonblocking=not blocking), blocking)
@@ -491,3 +510,40 @@ def _alltoall(x, comm, out, algorithm, check, timeout, blocking):
                      blocking, _mode(x, out))
     return _go(_plan.alltoall(x, comm=comm, out=out, algorithm=algorithm, check=check, timeout=timeout,
                               nonblocking=not blocking), blocking)
+
+
+def _reduce_scatter(x, op, comm, counts, out, algorithm, dtype, check, timeout, blocking):
+    o = _opkey(op)
+    c = counts_key(counts)
+    if _plain_call(x, algorithm, check, timeout) and o is not None and c is not False \
+            and (dtype is None or type(dtype) is str):
+        mode = 0 if out is None else 2
+        return _door(("reduce_scatter", x.shape, x.dtype, o, dtype, c, algorithm, mode), comm, (x, out),
+                     lambda nb: _plan.reduce_scatter(x, op, comm=comm, counts=counts, out=out, algorithm=algorithm,
+                                                     dtype=dtype, nonblocking=nb),
+                     blocking, mode)
+    return _go(_plan.reduce_scatter(x, op, comm=comm, counts=counts, out=out, algorithm=algorithm, dtype=dtype,
+                                    check=check, timeout=timeout, nonblocking=not blocking), blocking)
+
+
+def _allgatherv(x, counts, comm, out, algorithm, check, timeout, blocking):
+    c = counts_key(counts)
+    if _plain_call(x, algorithm, check, timeout) and c:
+        mode = 0 if out is None else 2
+        return _door(("allgatherv", x.shape, x.dtype, c, algorithm, mode), comm, (x, out),
+                     lambda nb: _plan.allgatherv(x, counts, comm=comm, out=out, algorithm=algorithm, nonblocking=nb),
+                     blocking, mode)
+    return _go(_plan.allgatherv(x, counts, comm=comm, out=out, algorithm=algorithm, check=check, timeout=timeout,
+                                nonblocking=not blocking), blocking)
+
+
+def _alltoallv(x, sendcounts, recvcounts, comm, out, algorithm, check, timeout, blocking):
+    sc, rc = counts_key(sendcounts), counts_key(recvcounts)
+    if _plain_call(x, algorithm, check, timeout) and sc and rc:
+        mode = 0 if out is None else 2
+        return _door(("alltoallv", x.shape, x.dtype, sc, rc, algorithm, mode), comm, (x, out),
+                     lambda nb: _plan.alltoallv(x, sendcounts, recvcounts, comm=comm, out=out, algorithm=algorithm,
+                                                nonblocking=nb),
+                     blocking, mode)
+    return _go(_plan.alltoallv(x, sendcounts, recvcounts, comm=comm, out=out, algorithm=algorithm, check=check,
+                               timeout=timeout, nonblocking=not blocking), blocking)

@@ -26,7 +26,7 @@ What it does, following PyTorch DDP's Reducer and Horovod's tensor fusion:
   call per gradient: no per-element Python).
 * ``mark_ready(i)``: when the last gradient of a bucket is ready, the bucket
   is launched with ``mpicoll.iallreduce`` (nonblocking; the progress thread
-  of mpicoll.nonblocking moves it while the caller computes the next
+  of mpicoll.engine moves it while the caller computes the next
   gradients). Buckets are launched strictly in bucket order - a bucket that
   is complete waits for the ones before it - because every rank must start
   collectives in the same order, whatever order its gradients came in.
@@ -50,7 +50,8 @@ from . import dtypes as _dtypes
 from .compression import HalfPrecision, TopK  # noqa: F401  (re-exported by mpicoll/__init__.py)
 from . import ops as _ops
 from .comm import check_intracomm, state
-from .nonblocking import iallreduce, waitall
+from .api import iallreduce
+from .engine import waitall
 
 BUCKET_BYTES = 25 << 20
 FIRST_BUCKET_BYTES = 1 << 20

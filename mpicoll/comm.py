@@ -48,6 +48,7 @@ from mpi4py import MPI
 from . import profile as _profile
 from .errors import CollectiveTimeout
 from .plancache import PlanCache
+from .poll import poll
 
 _keyval = None
 # Fast path in front of the attribute: communicator handle -> state. An
@@ -109,7 +110,7 @@ class CommState:
         self.freed = False  # the user's communicator was freed (the duplicate may outlive it, see free)
         self._released = False  # the duplicate and the extras are freed
         # Held while a thread runs or starts a collective on this communicator
-        # (plan.enter): a second thread arriving meanwhile gets a clear error
+        # (runtime.enter): a second thread arriving meanwhile gets a clear error
         # instead of sharing the scratch and the call sequence (wrong sums).
         self.busy = threading.Lock()
         # MPI guarantees tags up to 32767; tag 0 stays free for nothing in particular.
@@ -197,23 +198,21 @@ def wait_until(req, deadline, rank, collective, step, seq=-1, buffers=(), missin
     ``buffers`` are kept alive if the request is abandoned; ``missing()``,
     if given, is called at the deadline and returns the ranks this rank
     has not heard from."""
-    pause = 0.0
-    while not req.Test():
-        now = time.monotonic()
-        if now >= deadline:
-            _abandoned.append((req, buffers))
-            coll = collective or "collective"
-            peers = [] if missing is None else missing()
-            waiting = (f"not heard from rank(s) {', '.join(map(str, peers))}" if peers
-                       else "waiting for the other ranks (inside the MPI library's collective)")
-            raise CollectiveTimeout(
-                f"mpicoll: {coll} timed out on rank {rank}: step {step}, {waiting}"
-                f"{'' if seq < 0 else f', call #{seq} on this communicator'}. A rank "
-                "probably skipped this call, called another collective, or died.", collective=coll, algorithm="-",
-                step=step, peers=peers, nbytes=-1, seq=seq, rank=rank)
-        # Once per communicator or per checked call: no need to spin first.
-        pause = min(max(pause * 2, 20e-6), 1e-3)
-        time.sleep(pause)
+
+    def expired():
+        _abandoned.append((req, buffers))
+        coll = collective or "collective"
+        peers = [] if missing is None else missing()
+        waiting = (f"not heard from rank(s) {', '.join(map(str, peers))}" if peers
+                   else "waiting for the other ranks (inside the MPI library's collective)")
+        return CollectiveTimeout(
+            f"mpicoll: {coll} timed out on rank {rank}: step {step}, {waiting}"
+            f"{'' if seq < 0 else f', call #{seq} on this communicator'}. A rank "
+            "probably skipped this call, called another collective, or died.", collective=coll, algorithm="-",
+            step=step, peers=peers, nbytes=-1, seq=seq, rank=rank)
+
+    # Once per communicator or per checked call: no need to spin first.
+    poll(req.Test, deadline, expired, spin_s=0.0)
 
 
 # First column of a rank's row in the state handshake: a row holds it (and

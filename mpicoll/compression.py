@@ -248,15 +248,6 @@ def check_args(arr: np.ndarray, op, spec):
     return o, c
 
 
-def allreduce(x, op="sum", *, comm=None, out=None, compression="fp16", algorithm="auto", dtype=None, check=None,
-              timeout=None):
-    """``mpicoll.allreduce(..., compression=...)``; same arguments (one plan layer: mpicoll.plan)."""
-    from . import plan as _plan
-
-    return _plan.allreduce(x, op, comm=comm, out=out, compression=compression, algorithm=algorithm, dtype=dtype,
-                           check=check, timeout=timeout).run()
-
-
 def schedule(ctx, src: np.ndarray, dst: np.ndarray, average: bool, c):
     """Compressed sum (or average) of the 1-D float arrays ``src`` into ``dst``
     (same length and dtype; may be the same array) over ``ctx``'s ranks, as a

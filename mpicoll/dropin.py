@@ -37,6 +37,14 @@ plus an optional ``algorithm=`` keyword:
   mpi4py's own ``MPI.buffer`` acquires them, so an unsupported, read-only or
   non-contiguous buffer fails with mpi4py's own exception.
 
+Kept plans: a blocking or ``I...`` call whose buffers need no packing
+(plain C-contiguous numpy arrays, ``[array, counts]``, ``MPI.IN_PLACE``;
+specs.py parses these without its general path) goes through the
+``mpicoll`` function of the same collective, whose per-communicator plan
+cache serves a repeated signature - counts vectors included - without
+building a plan (plancache.py); the ``..._init`` forms and packed layouts
+build theirs.
+
 Falling back: a call mpicoll cannot serve goes to ``MPI.Intracomm``'s own
 method, so it behaves exactly as in plain mpi4py. The tests for that depend
 only on what every rank of a correct program agrees on (the type
@@ -77,18 +85,22 @@ from mpi4py import MPI
 from . import dtypes as _dtypes
 from . import ops as _ops
 from . import plan as _plan
+from . import arguments as _args
+from .persistent import Persistent
 from . import api as _api
 from .comm import state, wait_until
-# Buffer-spec parsing (specs.py) and the MPI type tables (typemap.py) live
+# Buffer-spec parsing (specs.py) and the MPI type tables (mpitypes.py) live
 # in their own modules; this one holds the Comm class and its fast path.
-from .specs import _check_pair, _format_type, _in_place, _in_place_arg, _index, parse, parse_v
-from .typemap import Native as _Native, kernel_dtype as _kernel_dtype, type_info as _type_info
+from .specs import (PLAIN_KINDS, _check_pair, _format_type, _in_place, _in_place_arg, _index, apart, parse, parse_v,
+                    plain, plain_rooted, plain_v)
+from .plancache import counts_key
+from .mpitypes import Native as _Native, kernel_dtype as _kernel_dtype, type_info as _type_info
 
 __all__ = ["Comm", "count_calls"]
 
 
 def _check_algorithm(collective: str, algorithm) -> None:
-    _plan.requested(collective, algorithm, _plan.env_settings()[0])
+    _args.requested(collective, algorithm, _args.env_settings()[0])
 
 
 # ---- which calls mpicoll served (counting is off unless asked for) ------------------
@@ -126,11 +138,10 @@ def _served(base: str, mode: str) -> None:
 
 
 def _attach(plan, pre, post) -> None:
-    """Run the local packing of the user's layouts (specs._Msg.pack) before
-    the plan's own prologue at every start, and the unpacking after its
-    finish at every completion (blocking, nonblocking and persistent)."""
-    pre = [f for f in pre if f is not None]
-    post = [f for f in post if f is not None]
+    """Run the local packing of the user's layouts (``pre``, a list of
+    specs._Msg.pack) before the plan's own prologue at every start, and the
+    unpacking (``post``) after its finish at every completion (blocking,
+    nonblocking and persistent)."""
     if pre:
         before = plan.prologue
 
@@ -153,17 +164,29 @@ def _attach(plan, pre, post) -> None:
         plan.finish = finish
 
 
-def _go(base: str, mode: str, build, *args, pre=(), post=(), **kw):
-    """Build the plan of collective ``base`` and run it in one of the three
-    modes: "run" (blocking; the drop-in returns None like mpi4py), "start"
-    (a Request) or "init" (a persistent request)."""
+def _go(base: str, mode: str, coll, *args, pre=(), post=(), **kw):
+    """Run collective ``base`` in one of the three modes: "run" (blocking;
+    the drop-in returns None like mpi4py), "start" (a Request) or "init" (a
+    persistent request). ``coll`` names the collective's plan builder and
+    front door (``"allgatherv"``: plan.allgatherv, api.allgatherv and
+    api.iallgatherv, which take the same arguments), or is a builder of its
+    own. A blocking or nonblocking call whose buffers need no packing (every
+    plain array, ``[array, counts]``...) goes through the api door, whose
+    kept plan serves a repeated signature without building one
+    (plancache.py); a packed layout or a persistent request builds its plan."""
     _served(base, mode)
+    pre = [f for f in pre if f is not None]
+    post = [f for f in post if f is not None]
+    if mode != "init" and not pre and not post and type(coll) is str:
+        res = getattr(_api, coll if mode == "run" else "i" + coll)(*args, **kw)
+        return None if mode == "run" else res
+    build = getattr(_plan, coll) if type(coll) is str else coll
     plan = build(*args, **kw) if mode == "run" else build(*args, nonblocking=True, **kw)
     _attach(plan, pre, post)
     if mode == "run":
         plan.run()
         return None
-    return plan.start() if mode == "start" else _plan.Persistent(plan)
+    return plan.start() if mode == "start" else Persistent(plan)
 
 
 def _sending(s, r, in_place: bool):
@@ -183,14 +206,9 @@ def _root_arg(root, size: int) -> bool:
 
 # ---- the fast path: plain C-contiguous numpy arrays ------------------------------
 
-# numpy kinds whose arrays mpi4py's buffer parsing takes as they are
-# (booleans, integers, floats, complex): the data-movement fast paths.
-_PLAIN_KINDS = frozenset("biufc")
-
-def _fast_tables():
+def _fast_dtypes():
     """numpy dtype -> mpicoll DType, for the dtypes whose buffer format mpi4py
-    maps to a datatype with a kernel (uint8 is MPI.BYTE there: not included),
-    and MPI.Op handle -> op name for the ops with kernels."""
+    maps to a datatype with a kernel (uint8 is MPI.BYTE there: not included)."""
     dtypes_ = {}
     for d in _dtypes.ALL:
         if d.name in ("uint8", "bfloat16"):
@@ -202,11 +220,29 @@ def _fast_tables():
                 dtypes_[npd] = d
         except (KeyError, BufferError, _Native):
             pass
-    ops_ = {o.mpi.py2f(): o for o in _ops.ALL if not o.average}
-    return dtypes_, ops_
+    return dtypes_
 
 
 _FAST = None
+
+
+def _fast_op(a, op, writable: bool):
+    """The kernel op name when ``a`` is a C-contiguous numpy array (writable
+    if asked) of a dtype with a kernel and ``op`` a predefined MPI.Op with a
+    kernel for it; else None."""
+    global _FAST
+    if type(a) is not np.ndarray or type(op) is not MPI.Op:
+        return None
+    if _FAST is None:
+        _FAST = _fast_dtypes()
+    dt = _FAST.get(a.dtype)
+    flags = a.flags
+    if dt is None or not flags.c_contiguous or writable and not flags.writeable:
+        return None
+    o = _ops.of_mpi(op)
+    if o is None or dt.kind not in o.kinds:
+        return None
+    return o.name
 
 
 def _fast_allreduce(sendbuf, recvbuf, op):
@@ -214,27 +250,18 @@ def _fast_allreduce(sendbuf, recvbuf, op):
     arrays (or the send buffer is IN_PLACE/None) of one dtype with a kernel
     and matching sizes, and the op is predefined with a kernel for it; None
     sends the call down the general path (which also reports errors)."""
-    global _FAST
-    if type(recvbuf) is not np.ndarray or type(op) is not MPI.Op:
-        return None
-    if _FAST is None:
-        _FAST = _fast_tables()
-    dt = _FAST[0].get(recvbuf.dtype)
-    flags = recvbuf.flags
-    if dt is None or not (flags.c_contiguous and flags.writeable):
-        return None
-    o = _FAST[1].get(op.py2f())
-    if o is None or dt.kind not in o.kinds:
+    name = _fast_op(recvbuf, op, True)
+    if name is None:
         return None
     out = recvbuf if recvbuf.ndim == 1 else recvbuf.reshape(-1)
     if sendbuf is None or sendbuf is MPI.IN_PLACE or sendbuf is recvbuf:
-        return out, out, o.name
+        return out, out, name
     if type(sendbuf) is not np.ndarray or sendbuf.dtype != recvbuf.dtype or sendbuf.size != recvbuf.size \
             or not sendbuf.flags.c_contiguous:
         return None
     # A different array over the same memory is in place too: mpicoll.allreduce
     # recognises that itself (and refuses a partial overlap).
-    return (sendbuf if sendbuf.ndim == 1 else sendbuf.reshape(-1)), out, o.name
+    return (sendbuf if sendbuf.ndim == 1 else sendbuf.reshape(-1)), out, name
 
 
 def _reduction_args(sendbuf, recvbuf, op):
@@ -249,6 +276,18 @@ def _reduction_args(sendbuf, recvbuf, op):
         _check_pair(s, r)
         in_place = _in_place(s, r)
     return r, s, in_place, dt, o
+
+
+def _allgather_plan(comm, flat, mine, rank, p, algorithm, in_place, block, nonblocking=False):
+    name, entry, knobs, check_on, timeout = _plan.options("allgather", algorithm, None, None, None)
+    return _plan.allgather_bytes(comm, flat, mine, rank, p, name, entry, knobs, check_on, timeout, None,
+                                 dict(count=block, dtype="bytes"), nonblocking, in_place=in_place)
+
+
+# ---- scatter, gather, allgatherv, alltoall, alltoallv: helpers of their methods (plain arrays: specs.plain_rooted) ----
+
+def _family_name(collective: str, algorithm) -> str:
+    return _args.requested(collective, algorithm, _args.env_settings()[0])
 
 
 class Comm(MPI.Intracomm):
@@ -288,23 +327,10 @@ class Comm(MPI.Intracomm):
 
     # -- reductions --
     # Each collective is one method _x(..., mode) that parses mpi4py's
-    # arguments and builds the plan; Allreduce/Iallreduce/Allreduce_init are
-    # that method in the modes "run", "start" and "init". What mpicoll cannot
-    # serve goes to mpi4py's method of the same mode.
-
-    def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM, *, algorithm="auto"):  # noqa: N802 (mpi4py's names)
-        return self._allreduce(sendbuf, recvbuf, op, algorithm, "run")
-
-    def Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM, *, algorithm="auto"):  # noqa: N802
-        """Returns an ``mpicoll.Request`` (``Wait``/``Test``/``wait``/``test``;
-        ``mpicoll.waitall`` for several); a native fallback returns mpi4py's
-        ``MPI.Request``."""
-        return self._allreduce(sendbuf, recvbuf, op, algorithm, "start")
-
-    def Allreduce_init(self, sendbuf, recvbuf, op=MPI.SUM, info=MPI.INFO_NULL, *, algorithm="auto"):  # noqa: N802
-        """A persistent all-reduce (``Start``/``Wait``/``Test``), an
-        ``mpicoll.Persistent``; a native fallback returns mpi4py's ``MPI.Prequest``."""
-        return self._allreduce(sendbuf, recvbuf, op, algorithm, "init", info)
+    # arguments and builds the plan; the public methods (Allreduce,
+    # Iallreduce, Allreduce_init...) are that method in the modes "run",
+    # "start" and "init", written from the table _METHODS below the class.
+    # What mpicoll cannot serve goes to mpi4py's method of the same mode.
 
     def _allreduce(self, sendbuf, recvbuf, op, algorithm, mode, info=MPI.INFO_NULL):
         fast = _fast_allreduce(sendbuf, recvbuf, op)
@@ -320,7 +346,7 @@ class Comm(MPI.Intracomm):
             if mode == "start":  # the same kept decisions
                 _served("Allreduce", mode)
                 return _api.iallreduce(x, name, comm=self, out=out, algorithm=algorithm)
-            return _go("Allreduce", mode, _plan.allreduce, x, name, comm=self, out=out, algorithm=algorithm)
+            return _go("Allreduce", mode, "allreduce", x, name, comm=self, out=out, algorithm=algorithm)
         try:
             if not isinstance(op, MPI.Op):
                 raise _Native("op is not an MPI.Op")
@@ -330,19 +356,24 @@ class Comm(MPI.Intracomm):
         r.dtype = dt
         flat = r.data()
         src = None if in_place else s.raw[:s.nbytes].view(dt.storage)
-        return _go("Allreduce", mode, _plan.allreduce, flat if src is None else src, o, comm=self, out=flat,
+        return _go("Allreduce", mode, "allreduce", flat if src is None else src, o, comm=self, out=flat,
                    algorithm=algorithm, dtype=dt.name, pre=_sending(s, r, in_place), post=(r.unpack,))
 
-    def Reduce(self, sendbuf, recvbuf, op=MPI.SUM, root=0, *, algorithm="auto"):  # noqa: N802
-        return self._reduce(sendbuf, recvbuf, op, root, algorithm, "run")
-
-    def Ireduce(self, sendbuf, recvbuf, op=MPI.SUM, root=0, *, algorithm="auto"):  # noqa: N802
-        return self._reduce(sendbuf, recvbuf, op, root, algorithm, "start")
-
-    def Reduce_init(self, sendbuf, recvbuf, op=MPI.SUM, root=0, info=MPI.INFO_NULL, *, algorithm="auto"):  # noqa: N802
-        return self._reduce(sendbuf, recvbuf, op, root, algorithm, "init", info)
-
     def _reduce(self, sendbuf, recvbuf, op, root, algorithm, mode, info=MPI.INFO_NULL):
+        if mode != "init" and type(root) is int and 0 <= root < self.Get_size():
+            if self.Get_rank() == root:
+                fast = _fast_allreduce(sendbuf, recvbuf, op)
+                if fast is not None and fast[0] is not fast[1] and not apart(fast[0], fast[1]):
+                    fast = None  # the same memory as another array: the general path decides
+            else:  # mpi4py ignores a non-root recvbuf entirely
+                name = _fast_op(sendbuf, op, False)
+                fast = None if name is None else (sendbuf.reshape(-1), None, name)
+            if fast is not None:  # plain arrays: mpicoll.(i)reduce's own door (kept plans)
+                x, out, name = fast
+                _served("Reduce", mode)
+                fn = _api.reduce if mode == "run" else _api.ireduce
+                req = fn(x, name, root, comm=self, out=out, algorithm=algorithm)
+                return None if mode == "run" else req
         try:
             if not isinstance(op, MPI.Op) or not _root_arg(root, self.Get_size()):
                 raise _Native("op or root mpi4py or MPI refuses")
@@ -358,20 +389,18 @@ class Comm(MPI.Intracomm):
                 x, out, pre, post = s.raw[:s.nbytes].view(dt.storage), None, (s.pack,), ()
         except _Native as why:
             return self._native(why, "Reduce", mode, (sendbuf, recvbuf, op, root), info)
-        return _go("Reduce", mode, _plan.reduce, x, o, root, comm=self, out=out, algorithm=algorithm, dtype=dt.name,
+        return _go("Reduce", mode, "reduce", x, o, root, comm=self, out=out, algorithm=algorithm, dtype=dt.name,
                    pre=pre, post=post)
 
-    def Reduce_scatter_block(self, sendbuf, recvbuf, op=MPI.SUM, *, algorithm="auto"):  # noqa: N802
-        return self._reduce_scatter_block(sendbuf, recvbuf, op, algorithm, "run")
-
-    def Ireduce_scatter_block(self, sendbuf, recvbuf, op=MPI.SUM, *, algorithm="auto"):  # noqa: N802
-        return self._reduce_scatter_block(sendbuf, recvbuf, op, algorithm, "start")
-
-    def Reduce_scatter_block_init(self, sendbuf, recvbuf, op=MPI.SUM, info=MPI.INFO_NULL, *,  # noqa: N802
-                                  algorithm="auto"):
-        return self._reduce_scatter_block(sendbuf, recvbuf, op, algorithm, "init", info)
-
     def _reduce_scatter_block(self, sendbuf, recvbuf, op, algorithm, mode, info=MPI.INFO_NULL):
+        if mode != "init":
+            name = _fast_op(recvbuf, op, True)
+            if name is not None and type(sendbuf) is np.ndarray and sendbuf.dtype == recvbuf.dtype \
+                    and sendbuf.flags.c_contiguous and sendbuf.size == self.Get_size() * recvbuf.size \
+                    and apart(sendbuf, recvbuf):
+                # plain arrays: mpicoll.(i)reduce_scatter's own door (kept plans)
+                return self._fast_reduce_scatter("Reduce_scatter_block", mode, sendbuf, recvbuf, name, None,
+                                                 algorithm)
         try:
             if not isinstance(op, MPI.Op):
                 raise _Native("op is not an MPI.Op")
@@ -400,20 +429,24 @@ class Comm(MPI.Intracomm):
                     out = x[:r.count]
         except _Native as why:
             return self._native(why, "Reduce_scatter_block", mode, (sendbuf, recvbuf, op), info)
-        return _go("Reduce_scatter_block", mode, _plan.reduce_scatter, x, o, comm=self, counts=[r.count] * p, out=out,
+        return _go("Reduce_scatter_block", mode, "reduce_scatter", x, o, comm=self, counts=[r.count] * p, out=out,
                    algorithm=algorithm, dtype=dt.name, pre=pre, post=(r.unpack,))
 
-    def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM, *, algorithm="auto"):  # noqa: N802
-        return self._reduce_scatter(sendbuf, recvbuf, recvcounts, op, algorithm, "run")
-
-    def Ireduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM, *, algorithm="auto"):  # noqa: N802
-        return self._reduce_scatter(sendbuf, recvbuf, recvcounts, op, algorithm, "start")
-
-    def Reduce_scatter_init(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM, info=MPI.INFO_NULL, *,  # noqa: N802
-                            algorithm="auto"):
-        return self._reduce_scatter(sendbuf, recvbuf, recvcounts, op, algorithm, "init", info)
+    def _fast_reduce_scatter(self, which, mode, sendbuf, recvbuf, name, counts, algorithm):
+        _served(which, mode)
+        fn = _api.reduce_scatter if mode == "run" else _api.ireduce_scatter
+        req = fn(sendbuf.reshape(-1), name, comm=self, counts=counts, out=recvbuf.reshape(-1), algorithm=algorithm)
+        return None if mode == "run" else req
 
     def _reduce_scatter(self, sendbuf, recvbuf, recvcounts, op, algorithm, mode, info=MPI.INFO_NULL):
+        if mode != "init":
+            name = _fast_op(recvbuf, op, True)
+            c = counts_key(recvcounts)
+            if name is not None and c and type(sendbuf) is np.ndarray and sendbuf.dtype == recvbuf.dtype \
+                    and sendbuf.flags.c_contiguous and len(c) == self.Get_size() and min(c) >= 0 \
+                    and sendbuf.size == sum(c) and recvbuf.size == c[self.Get_rank()] and apart(sendbuf, recvbuf):
+                # plain arrays and counts: mpicoll.(i)reduce_scatter's own door (kept plans)
+                return self._fast_reduce_scatter("Reduce_scatter", mode, sendbuf, recvbuf, name, c, algorithm)
         try:
             if not isinstance(op, MPI.Op):
                 raise _Native("op is not an MPI.Op")
@@ -464,21 +497,12 @@ class Comm(MPI.Intracomm):
         except _Native as why:
             return self._native(why, "Reduce_scatter", mode, (sendbuf, recvbuf, recvcounts, op), info)
         _check_algorithm("reduce_scatter", algorithm)
-        return _go("Reduce_scatter", mode, _plan.reduce_scatter, x, o, comm=self, counts=counts, out=out,
+        return _go("Reduce_scatter", mode, "reduce_scatter", x, o, comm=self, counts=counts, out=out,
                    algorithm=algorithm, dtype=dt.name, pre=_sending(s, r, in_place), post=(r.unpack,))
 
     # -- data movement (any predefined datatype: nothing is reduced) --
-    def Bcast(self, buf, root=0, *, algorithm="auto"):  # noqa: N802
-        return self._bcast(buf, root, algorithm, "run")
-
-    def Ibcast(self, buf, root=0, *, algorithm="auto"):  # noqa: N802
-        return self._bcast(buf, root, algorithm, "start")
-
-    def Bcast_init(self, buf, root=0, info=MPI.INFO_NULL, *, algorithm="auto"):  # noqa: N802
-        return self._bcast(buf, root, algorithm, "init", info)
-
     def _bcast(self, buf, root, algorithm, mode, info=MPI.INFO_NULL):
-        if mode != "init" and type(buf) is np.ndarray and type(root) is int and buf.dtype.kind in _PLAIN_KINDS:
+        if mode != "init" and type(buf) is np.ndarray and type(root) is int and buf.dtype.kind in PLAIN_KINDS:
             fl = buf.flags
             if fl.c_contiguous and fl.writeable and 0 <= root < self.Get_size():
                 # A plain array: mpicoll.(i)bcast's own door, whose kept plan
@@ -498,21 +522,12 @@ class Comm(MPI.Intracomm):
                 data = data.copy()  # root only sends, but mpicoll.bcast wants a writable buffer
         except _Native as why:
             return self._native(why, "Bcast", mode, (buf, root), info)
-        return _go("Bcast", mode, _plan.bcast, data, root, comm=self, algorithm=algorithm,
+        return _go("Bcast", mode, "bcast", data, root, comm=self, algorithm=algorithm,
                    pre=(m.pack,) if is_root else (), post=() if is_root else (m.unpack,))
-
-    def Allgather(self, sendbuf, recvbuf, *, algorithm="auto"):  # noqa: N802
-        return self._allgather(sendbuf, recvbuf, algorithm, "run")
-
-    def Iallgather(self, sendbuf, recvbuf, *, algorithm="auto"):  # noqa: N802
-        return self._allgather(sendbuf, recvbuf, algorithm, "start")
-
-    def Allgather_init(self, sendbuf, recvbuf, info=MPI.INFO_NULL, *, algorithm="auto"):  # noqa: N802
-        return self._allgather(sendbuf, recvbuf, algorithm, "init", info)
 
     def _allgather(self, sendbuf, recvbuf, algorithm, mode, info=MPI.INFO_NULL):
         if mode != "init" and type(sendbuf) is np.ndarray and type(recvbuf) is np.ndarray \
-                and sendbuf.dtype == recvbuf.dtype and sendbuf.dtype.kind in _PLAIN_KINDS:
+                and sendbuf.dtype == recvbuf.dtype and sendbuf.dtype.kind in PLAIN_KINDS:
             p = self.Get_size()
             fs, fr = sendbuf.flags, recvbuf.flags
             if recvbuf.size == p * sendbuf.size and fs.c_contiguous and fr.c_contiguous and fr.writeable \
@@ -544,66 +559,8 @@ class Comm(MPI.Intracomm):
                    pre=_sending(s, r, in_place), post=(r.unpack,))
 
 
-def _allgather_plan(comm, flat, mine, rank, p, algorithm, in_place, block, nonblocking=False):
-    name, entry, knobs, check_on, timeout = _plan.options("allgather", algorithm, None, None, None)
-    return _plan.allgather_bytes(comm, flat, mine, rank, p, name, entry, knobs, check_on, timeout, None,
-                                 dict(count=block, dtype="bytes"), nonblocking, in_place=in_place)
-
-
-# ---- scatter, gather, allgatherv, alltoall, alltoallv ----------------------------
-# Added to Comm below (one method per collective and mode, like the others).
-
-def _plain_rooted(comm, full, block, root, recv_side):
-    """Scatter/Gather's fast path over plain numpy arrays: ``block`` is this
-    rank's block (the receive buffer of Scatter, the send buffer of Gather),
-    ``full`` root's whole buffer (ignored elsewhere, as mpi4py does). Returns
-    ``full`` shaped ``(p,) + block.shape`` on root and None elsewhere, or
-    False when the call needs the general parsing."""
-    if type(block) is not np.ndarray or type(root) is not int or block.dtype.kind not in _PLAIN_KINDS:
-        return False
-    fb = block.flags
-    if not fb.c_contiguous or recv_side and not fb.writeable:
-        return False
-    p = comm.Get_size()
-    if not 0 <= root < p:
-        return False
-    if comm.Get_rank() != root:
-        return None
-    if type(full) is not np.ndarray or full.dtype != block.dtype or full.size != p * block.size:
-        return False
-    ff = full.flags
-    if not ff.c_contiguous or not recv_side and not ff.writeable or np.may_share_memory(full, block):
-        return False
-    return full.reshape((p,) + block.shape)
-
-def _family_name(collective: str, algorithm) -> str:
-    return _plan.requested(collective, algorithm, _plan.env_settings()[0])
-
-
-class _FamilyMethods:
-    """Scatter(v), Gather(v), Allgatherv, Alltoall(v) for Comm: mpi4py's
-    arguments, each in the three modes; what mpicoll cannot serve goes to
-    mpi4py's own method of the same mode."""
 
     # -- scatter / scatterv --
-    def Scatter(self, sendbuf, recvbuf, root=0, *, algorithm="auto"):  # noqa: N802
-        return self._scatter("Scatter", sendbuf, recvbuf, root, algorithm, "run")
-
-    def Iscatter(self, sendbuf, recvbuf, root=0, *, algorithm="auto"):  # noqa: N802
-        return self._scatter("Scatter", sendbuf, recvbuf, root, algorithm, "start")
-
-    def Scatter_init(self, sendbuf, recvbuf, root=0, info=MPI.INFO_NULL, *, algorithm="auto"):  # noqa: N802
-        return self._scatter("Scatter", sendbuf, recvbuf, root, algorithm, "init", info)
-
-    def Scatterv(self, sendbuf, recvbuf, root=0, *, algorithm="auto"):  # noqa: N802
-        return self._scatter("Scatterv", sendbuf, recvbuf, root, algorithm, "run")
-
-    def Iscatterv(self, sendbuf, recvbuf, root=0, *, algorithm="auto"):  # noqa: N802
-        return self._scatter("Scatterv", sendbuf, recvbuf, root, algorithm, "start")
-
-    def Scatterv_init(self, sendbuf, recvbuf, root=0, info=MPI.INFO_NULL, *, algorithm="auto"):  # noqa: N802
-        return self._scatter("Scatterv", sendbuf, recvbuf, root, algorithm, "init", info)
-
     def _rooted(self, coll, v, algorithm, root, counts, is_root):
         """(algorithm name, counts in bytes on every rank). The v-forms'
         non-roots know only their own count: "auto" is then the native call
@@ -612,9 +569,9 @@ class _FamilyMethods:
         name = _family_name(coll, algorithm)
         if v and name == "auto":
             name = "mpi"
-        if v and name == "binomial":
+        if v and name == "tree":
             # A collective step before the plan's: under the deadline too.
-            timeout = _plan.env_settings()[2]
+            timeout = _args.env_settings()[2]
             st = state(self, timeout, coll)
             n = np.array(counts if is_root else [0] * st.size, np.int64)
             if timeout is None:
@@ -625,10 +582,42 @@ class _FamilyMethods:
             counts = n.tolist()
         return name, counts
 
+    def _fast_rooted_v(self, coll, full, block, root, algorithm, recv_side):
+        """Scatterv/Gatherv's fast path: (algorithm, root's flat buffer or None,
+        counts) when this rank's ``block`` is a plain array and, on root, the
+        v-spec ``full`` is ``[array, counts]`` over a plain array (specs.plain_v);
+        None sends the call down the general path. Off root only this rank's
+        count is known, as in the general path (_rooted)."""
+        if type(root) is not int or not plain(block, recv_side):
+            return None
+        p, rank = self.Get_size(), self.Get_rank()
+        if not 0 <= root < p:
+            return None
+        if rank == root:
+            fv = plain_v(full, p, not recv_side, like=block)
+            if fv is None or fv[1][rank] != block.size or not apart(fv[0], block):
+                return None
+            flat, counts = fv
+        else:
+            flat, counts = None, [0] * p
+            counts[rank] = block.size
+        name = _family_name(coll, algorithm)
+        if name == "auto":
+            name = "mpi"
+        return None if name == "tree" else (name, flat, counts)
+
     def _scatter(self, which, sendbuf, recvbuf, root, algorithm, mode, info=MPI.INFO_NULL):
         v = which == "Scatterv"
+        if v and mode != "init":
+            fast = self._fast_rooted_v("scatter", sendbuf, recvbuf, root, algorithm, recv_side=True)
+            if fast is not None:  # plain arrays: mpicoll.(i)scatter's own door (kept plans)
+                name, flat, counts = fast
+                _served(which, mode)
+                fn = _api.scatter if mode == "run" else _api.iscatter
+                req = fn(flat, root, comm=self, out=recvbuf.reshape(-1), counts=counts, algorithm=name)
+                return None if mode == "run" else req
         if not v and mode != "init":
-            x = _plain_rooted(self, sendbuf, recvbuf, root, recv_side=True)
+            x = plain_rooted(self, sendbuf, recvbuf, root, recv_side=True)
             if x is not False:  # plain arrays: mpicoll.(i)scatter's own door (kept plans)
                 _served(which, mode)
                 fn = _api.scatter if mode == "run" else _api.iscatter
@@ -664,32 +653,22 @@ class _FamilyMethods:
         except _Native as why:
             return self._native(why, which, mode, (sendbuf, recvbuf, root), info)
         name, counts = self._rooted("scatter", v, algorithm, root, counts, is_root)
-        return _go(which, mode, _plan.scatter, full, root, comm=self, out=out, counts=counts, algorithm=name,
+        return _go(which, mode, "scatter", full, root, comm=self, out=out, counts=counts, algorithm=name,
                    pre=pre, post=post)
 
     # -- gather / gatherv --
-    def Gather(self, sendbuf, recvbuf, root=0, *, algorithm="auto"):  # noqa: N802
-        return self._gather("Gather", sendbuf, recvbuf, root, algorithm, "run")
-
-    def Igather(self, sendbuf, recvbuf, root=0, *, algorithm="auto"):  # noqa: N802
-        return self._gather("Gather", sendbuf, recvbuf, root, algorithm, "start")
-
-    def Gather_init(self, sendbuf, recvbuf, root=0, info=MPI.INFO_NULL, *, algorithm="auto"):  # noqa: N802
-        return self._gather("Gather", sendbuf, recvbuf, root, algorithm, "init", info)
-
-    def Gatherv(self, sendbuf, recvbuf, root=0, *, algorithm="auto"):  # noqa: N802
-        return self._gather("Gatherv", sendbuf, recvbuf, root, algorithm, "run")
-
-    def Igatherv(self, sendbuf, recvbuf, root=0, *, algorithm="auto"):  # noqa: N802
-        return self._gather("Gatherv", sendbuf, recvbuf, root, algorithm, "start")
-
-    def Gatherv_init(self, sendbuf, recvbuf, root=0, info=MPI.INFO_NULL, *, algorithm="auto"):  # noqa: N802
-        return self._gather("Gatherv", sendbuf, recvbuf, root, algorithm, "init", info)
-
     def _gather(self, which, sendbuf, recvbuf, root, algorithm, mode, info=MPI.INFO_NULL):
         v = which == "Gatherv"
+        if v and mode != "init":
+            fast = self._fast_rooted_v("gather", recvbuf, sendbuf, root, algorithm, recv_side=False)
+            if fast is not None:  # plain arrays: mpicoll.(i)gather's own door (kept plans)
+                name, flat, counts = fast
+                _served(which, mode)
+                fn = _api.gather if mode == "run" else _api.igather
+                req = fn(sendbuf.reshape(-1), root, comm=self, out=flat, counts=counts, algorithm=name)
+                return None if mode == "run" else req
         if not v and mode != "init":
-            out = _plain_rooted(self, recvbuf, sendbuf, root, recv_side=False)
+            out = plain_rooted(self, recvbuf, sendbuf, root, recv_side=False)
             if out is not False:  # plain arrays: mpicoll.(i)gather's own door (kept plans)
                 _served(which, mode)
                 fn = _api.gather if mode == "run" else _api.igather
@@ -723,20 +702,19 @@ class _FamilyMethods:
         except _Native as why:
             return self._native(why, which, mode, (sendbuf, recvbuf, root), info)
         name, counts = self._rooted("gather", v, algorithm, root, counts, is_root)
-        return _go(which, mode, _plan.gather, x, root, comm=self, out=full, counts=counts, algorithm=name,
+        return _go(which, mode, "gather", x, root, comm=self, out=full, counts=counts, algorithm=name,
                    pre=pre, post=post)
 
     # -- allgatherv --
-    def Allgatherv(self, sendbuf, recvbuf, *, algorithm="auto"):  # noqa: N802
-        return self._allgatherv(sendbuf, recvbuf, algorithm, "run")
-
-    def Iallgatherv(self, sendbuf, recvbuf, *, algorithm="auto"):  # noqa: N802
-        return self._allgatherv(sendbuf, recvbuf, algorithm, "start")
-
-    def Allgatherv_init(self, sendbuf, recvbuf, info=MPI.INFO_NULL, *, algorithm="auto"):  # noqa: N802
-        return self._allgatherv(sendbuf, recvbuf, algorithm, "init", info)
-
     def _allgatherv(self, sendbuf, recvbuf, algorithm, mode, info=MPI.INFO_NULL):
+        if mode != "init" and plain(sendbuf, False):
+            fv = plain_v(recvbuf, self.Get_size(), True, like=sendbuf)
+            if fv is not None and fv[1][self.Get_rank()] == sendbuf.size and apart(fv[0], sendbuf):
+                # plain arrays: mpicoll.(i)allgatherv's own door (kept plans)
+                _served("Allgatherv", mode)
+                fn = _api.allgatherv if mode == "run" else _api.iallgatherv
+                req = fn(sendbuf.reshape(-1), fv[1], comm=self, out=fv[0], algorithm=algorithm)
+                return None if mode == "run" else req
         try:
             p, rank = self.Get_size(), self.Get_rank()
             r = parse_v(recvbuf, True, p)
@@ -753,32 +731,14 @@ class _FamilyMethods:
                 x = s.raw[:s.nbytes]
         except _Native as why:
             return self._native(why, "Allgatherv", mode, (sendbuf, recvbuf), info)
-        return _go("Allgatherv", mode, _plan.allgatherv, x, counts, comm=self, out=full, algorithm=algorithm,
+        return _go("Allgatherv", mode, "allgatherv", x, counts, comm=self, out=full, algorithm=algorithm,
                    pre=_sending(s, r, s is None), post=(r.unpack,))
 
     # -- alltoall / alltoallv --
-    def Alltoall(self, sendbuf, recvbuf, *, algorithm="auto"):  # noqa: N802
-        return self._alltoall("Alltoall", sendbuf, recvbuf, algorithm, "run")
-
-    def Ialltoall(self, sendbuf, recvbuf, *, algorithm="auto"):  # noqa: N802
-        return self._alltoall("Alltoall", sendbuf, recvbuf, algorithm, "start")
-
-    def Alltoall_init(self, sendbuf, recvbuf, info=MPI.INFO_NULL, *, algorithm="auto"):  # noqa: N802
-        return self._alltoall("Alltoall", sendbuf, recvbuf, algorithm, "init", info)
-
-    def Alltoallv(self, sendbuf, recvbuf, *, algorithm="auto"):  # noqa: N802
-        return self._alltoall("Alltoallv", sendbuf, recvbuf, algorithm, "run")
-
-    def Ialltoallv(self, sendbuf, recvbuf, *, algorithm="auto"):  # noqa: N802
-        return self._alltoall("Alltoallv", sendbuf, recvbuf, algorithm, "start")
-
-    def Alltoallv_init(self, sendbuf, recvbuf, info=MPI.INFO_NULL, *, algorithm="auto"):  # noqa: N802
-        return self._alltoall("Alltoallv", sendbuf, recvbuf, algorithm, "init", info)
-
     def _alltoall(self, which, sendbuf, recvbuf, algorithm, mode, info=MPI.INFO_NULL):
         v = which == "Alltoallv"
         if not v and mode != "init" and type(sendbuf) is np.ndarray and type(recvbuf) is np.ndarray \
-                and sendbuf.dtype == recvbuf.dtype and sendbuf.dtype.kind in _PLAIN_KINDS:
+                and sendbuf.dtype == recvbuf.dtype and sendbuf.dtype.kind in PLAIN_KINDS:
             p = self.Get_size()
             fs, fr = sendbuf.flags, recvbuf.flags
             if sendbuf.size == recvbuf.size and sendbuf.size % p == 0 and fs.c_contiguous and fr.c_contiguous \
@@ -788,6 +748,16 @@ class _FamilyMethods:
                 shape = (p, sendbuf.size // p)
                 fn = _api.alltoall if mode == "run" else _api.ialltoall
                 req = fn(sendbuf.reshape(shape), comm=self, out=recvbuf.reshape(shape), algorithm=algorithm)
+                return None if mode == "run" else req
+        if v and mode != "init":
+            p = self.Get_size()
+            sv = plain_v(sendbuf, p, False)
+            rv = None if sv is None else plain_v(recvbuf, p, True, like=sv[0])
+            if rv is not None and apart(sv[0], rv[0]):
+                # plain arrays: mpicoll.(i)alltoallv's own door (kept plans)
+                _served(which, mode)
+                fn = _api.alltoallv if mode == "run" else _api.ialltoallv
+                req = fn(sv[0], sv[1], rv[1], comm=self, out=rv[0], algorithm=algorithm)
                 return None if mode == "run" else req
         try:
             p = self.Get_size()
@@ -816,14 +786,67 @@ class _FamilyMethods:
             return self._native(why, which, mode, (sendbuf, recvbuf), info)
         pre, post = _sending(s, r, s is None), (r.unpack,)
         if v:
-            return _go(which, mode, _plan.alltoallv, x, sc, rc, comm=self, out=out, algorithm=algorithm,
+            return _go(which, mode, "alltoallv", x, sc, rc, comm=self, out=out, algorithm=algorithm,
                        pre=pre, post=post)
         block = out.size // p
-        return _go(which, mode, _plan.alltoall, x.reshape(p, block), comm=self, out=out.reshape(p, block),
+        return _go(which, mode, "alltoall", x.reshape(p, block), comm=self, out=out.reshape(p, block),
                    algorithm=algorithm, pre=pre, post=post)
 
 
-for _name, _fn in list(vars(_FamilyMethods).items()):
-    if callable(_fn) and not _name.startswith("__"):
-        setattr(Comm, _name, _fn)
-del _name, _fn
+# ---- the public methods, from one table -------------------------------------------
+# mpi4py's name of each collective, its parameters as mpi4py spells them
+# (callers pass them by position and by keyword alike), the method above that
+# serves it in every mode and the arguments that method takes before them.
+# Each row becomes three methods, e.g. Allreduce, Iallreduce, Allreduce_init:
+#
+#     def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM, *, algorithm="auto"):
+#         return self._allreduce(sendbuf, recvbuf, op, algorithm, "run")
+#
+# (the _init form takes mpi4py's ``info`` after the others). They are written
+# out as source and compiled once at import, as namedtuple and dataclasses
+# do: a real signature (mpi4py's TypeError for a wrong call, help() and
+# inspect show it) at the cost of a plain method call.
+_METHODS = (
+    ("Allreduce", "sendbuf, recvbuf, op=MPI.SUM", "_allreduce", ""),
+    ("Reduce", "sendbuf, recvbuf, op=MPI.SUM, root=0", "_reduce", ""),
+    ("Reduce_scatter_block", "sendbuf, recvbuf, op=MPI.SUM", "_reduce_scatter_block", ""),
+    ("Reduce_scatter", "sendbuf, recvbuf, recvcounts=None, op=MPI.SUM", "_reduce_scatter", ""),
+    ("Bcast", "buf, root=0", "_bcast", ""),
+    ("Allgather", "sendbuf, recvbuf", "_allgather", ""),
+    ("Scatter", "sendbuf, recvbuf, root=0", "_scatter", "'Scatter', "),
+    ("Scatterv", "sendbuf, recvbuf, root=0", "_scatter", "'Scatterv', "),
+    ("Gather", "sendbuf, recvbuf, root=0", "_gather", "'Gather', "),
+    ("Gatherv", "sendbuf, recvbuf, root=0", "_gather", "'Gatherv', "),
+    ("Allgatherv", "sendbuf, recvbuf", "_allgatherv", ""),
+    ("Alltoall", "sendbuf, recvbuf", "_alltoall", "'Alltoall', "),
+    ("Alltoallv", "sendbuf, recvbuf", "_alltoall", "'Alltoallv', "),
+)
+
+_DOCS = {
+    "run": "mpi4py's ``{name}`` on mpicoll (the module docstring says what is accepted); ``algorithm=`` "
+           "picks one of mpicoll's algorithms. Returns None, as mpi4py does.",
+    "start": "mpi4py's ``{name}`` on mpicoll: returns an ``mpicoll.Request`` (``Wait``/``Test``/``wait``/"
+             "``test``; ``mpicoll.waitall`` for several), or mpi4py's ``MPI.Request`` where the call falls "
+             "back to mpi4py.",
+    "init": "mpi4py's ``{name}`` on mpicoll: a persistent request (``Start``/``Wait``/``Test``), an "
+            "``mpicoll.Persistent``, or mpi4py's ``MPI.Prequest`` where the call falls back to mpi4py.",
+}
+
+
+def _define_methods(cls) -> None:
+    for base, params, impl, lead in _METHODS:
+        args = ", ".join(a.split("=")[0] for a in params.split(", "))
+        for mode in ("run", "start", "init"):
+            name = _method(base, mode)
+            extra, info = (", info=MPI.INFO_NULL", ", info") if mode == "init" else ("", "")
+            src = (f"def {name}(self, {params}{extra}, *, algorithm='auto'):\n"
+                   f"    return self.{impl}({lead}{args}, algorithm, {mode!r}{info})\n")
+            scope = {"MPI": MPI}
+            exec(compile(src, f"<mpicoll.Comm.{name}>", "exec"), scope)
+            fn = scope[name]
+            fn.__module__, fn.__qualname__ = cls.__module__, f"{cls.__name__}.{name}"
+            fn.__doc__ = _DOCS[mode].format(name=name)
+            setattr(cls, name, fn)
+
+
+_define_methods(Comm)

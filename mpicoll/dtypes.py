@@ -1,7 +1,8 @@
 """Element types mpicoll reduces, and how each maps to numpy, the C kernels and MPI.
 
-numpy has no bfloat16. When the optional ``ml_dtypes`` package is installed,
-arrays of ``ml_dtypes.bfloat16`` are recognised directly; without it (or as
+numpy has no bfloat16. Arrays of the optional ``ml_dtypes`` package's
+``bfloat16`` are recognised directly (mpicoll does not import it: the
+program that made such an array has); without it (or as
 well), a uint16 array can be declared bfloat16 with ``dtype="bfloat16"``,
 and the result comes back as uint16 holding bfloat16 bits.
 
@@ -9,12 +10,13 @@ Algorithms never see numpy's view of the element type: they move and reduce
 the *storage* array (``DType.storage``, uint16 for both 16-bit float types),
 and pass the ``DType`` to the kernels, which know the real type.
 
-This module does not import mpi4py (see mpicoll/mpitypes.py): ``DType.mpi``
-is looked up on first access, ``DType.native`` answers "does MPI have this
-type" without it.
+This module does not import mpi4py (mpicoll/mpitypes.py is the one that
+maps MPI's types): ``DType.mpi`` is looked up in mpi4py on first access,
+``DType.native`` answers "does MPI have this type" without it.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Optional
@@ -23,12 +25,15 @@ import numpy as np
 
 from ._kernels import lib
 
-try:  # optional: a real bfloat16 numpy dtype
-    import ml_dtypes as _ml_dtypes
 
-    BFLOAT16_NUMPY: Optional[np.dtype] = np.dtype(_ml_dtypes.bfloat16)
-except ImportError:  # pragma: no cover - depends on the environment
-    BFLOAT16_NUMPY = None
+def bfloat16_numpy() -> Optional[np.dtype]:
+    """ml_dtypes' bfloat16 numpy dtype (importing the optional package), or
+    None where it is not installed."""
+    try:
+        import ml_dtypes
+    except ImportError:  # pragma: no cover - depends on the environment
+        return None
+    return np.dtype(ml_dtypes.bfloat16)
 
 
 @dataclass(frozen=True)
@@ -39,7 +44,12 @@ class DType:
     code: int  # enum mpicoll_dtype in csrc/kernels.h, read from the built library
     kind: str  # "int", "uint" or "float"
     storage: np.dtype  # what the bytes are moved and held as
-    native: bool  # MPI has a predefined datatype for it (all but float16, bfloat16)
+    mpi_name: Optional[str]  # its predefined MPI datatype's name in mpi4py.MPI; None: MPI has none
+
+    @property
+    def native(self) -> bool:
+        """MPI has a predefined datatype for it (all but float16, bfloat16)."""
+        return self.mpi_name is not None
 
     # The predefined MPI.Datatype, None where MPI has none. cached_property
     # stores the value in the instance __dict__ (bypassing the frozen
@@ -47,11 +57,11 @@ class DType:
     # the first is a plain attribute read, as fast as a field.
     @cached_property
     def mpi(self):
-        if not self.native:
+        if self.mpi_name is None:
             return None
-        from .mpitypes import DATATYPES
+        from mpi4py import MPI
 
-        return DATATYPES[self.name]
+        return getattr(MPI, self.mpi_name)
 
     @property
     def itemsize(self) -> int:
@@ -62,36 +72,46 @@ class DType:
         return self.kind == "float"
 
 
-def _dt(name, kind, storage, native=True):
+def _dt(name, kind, storage, mpi_name):
     # The code comes from the compiled enum (cffi exposes kernels.h's enums
     # as lib.MPICOLL_*), so it cannot drift from the C table it indexes.
-    return DType(name, getattr(lib, "MPICOLL_" + name.upper()), kind, np.dtype(storage), native)
+    return DType(name, getattr(lib, "MPICOLL_" + name.upper()), kind, np.dtype(storage), mpi_name)
 
 
 # In the order of enum mpicoll_dtype.
 ALL = (
-    _dt("int8", "int", np.int8),
-    _dt("int16", "int", np.int16),
-    _dt("int32", "int", np.int32),
-    _dt("int64", "int", np.int64),
-    _dt("uint8", "uint", np.uint8),
-    _dt("uint16", "uint", np.uint16),
-    _dt("uint32", "uint", np.uint32),
-    _dt("uint64", "uint", np.uint64),
-    _dt("float16", "float", np.uint16, native=False),
-    _dt("bfloat16", "float", np.uint16, native=False),
-    _dt("float32", "float", np.float32),
-    _dt("float64", "float", np.float64),
+    _dt("int8", "int", np.int8, "INT8_T"),
+    _dt("int16", "int", np.int16, "INT16_T"),
+    _dt("int32", "int", np.int32, "INT32_T"),
+    _dt("int64", "int", np.int64, "INT64_T"),
+    _dt("uint8", "uint", np.uint8, "UINT8_T"),
+    _dt("uint16", "uint", np.uint16, "UINT16_T"),
+    _dt("uint32", "uint", np.uint32, "UINT32_T"),
+    _dt("uint64", "uint", np.uint64, "UINT64_T"),
+    _dt("float16", "float", np.uint16, None),
+    _dt("bfloat16", "float", np.uint16, None),
+    _dt("float32", "float", np.float32, "FLOAT"),
+    _dt("float64", "float", np.float64, "DOUBLE"),
 )
 BY_NAME = {d.name: d for d in ALL}
 FLOAT16 = BY_NAME["float16"]
 BFLOAT16 = BY_NAME["bfloat16"]
 FLOAT32 = BY_NAME["float32"]
 
-# numpy dtype -> DType, for arrays that carry their type.
+# numpy dtype -> DType, for arrays that carry their type. ml_dtypes'
+# bfloat16 joins when an array of it first comes by: such an array exists
+# only once its program imported ml_dtypes, and importing it here would cost
+# every rank of every job ~0.6 s of CPU at `import mpicoll`.
 _BY_NUMPY = {np.dtype(d.name): d for d in ALL if d.name != "bfloat16"}
-if BFLOAT16_NUMPY is not None:
-    _BY_NUMPY[BFLOAT16_NUMPY] = BFLOAT16
+
+
+def _learn_bfloat16() -> bool:
+    """Add ml_dtypes' bfloat16 if the program has imported ml_dtypes."""
+    ml = sys.modules.get("ml_dtypes")
+    if ml is None or np.dtype(ml.bfloat16) in _BY_NUMPY:
+        return False
+    _BY_NUMPY[np.dtype(ml.bfloat16)] = BFLOAT16
+    return True
 
 
 def names() -> list:
@@ -104,6 +124,8 @@ def of_numpy(dtype: np.dtype) -> DType:
         return _BY_NUMPY[dtype]
     except KeyError:
         pass
+    if _learn_bfloat16() and dtype in _BY_NUMPY:
+        return _BY_NUMPY[dtype]
     if dtype.kind in "iuf" and not dtype.isnative:
         raise TypeError(f"mpicoll: non-native byte order is not supported ({dtype}); "
                         "convert with .astype(dtype.newbyteorder('='))")

@@ -46,7 +46,7 @@ The threading contract (docs/architecture.md, "Threading contract"):
 * A request is complete for its callers only once its done-callbacks have
   run: wait() does not return earlier, even when another thread observed the
   completion. Callbacks run without the lock held.
-* A callback must not start a collective (``plan.enter`` raises
+* A callback must not start a collective (``runtime.enter`` raises
   RuntimeError): it runs whenever the request completes, at a different
   point of the program on each rank, so the ranks would not start their
   collectives in the same order.
@@ -74,6 +74,7 @@ from mpi4py import MPI
 
 from . import schedule as _sched
 from .schedule import CUSTOM
+from .poll import poll
 
 ENV_PROGRESS_THREAD = "MPICOLL_PROGRESS_THREAD"
 
@@ -81,10 +82,14 @@ ENV_PROGRESS_THREAD = "MPICOLL_PROGRESS_THREAD"
 # while operations are outstanding (see _Engine._run).
 SWITCH_INTERVAL = 100e-6
 
-# A waiting thread polls this many times before it starts yielding the core
-# at each poll (as MPI's own blocking waits spin): a yield can cost a whole
-# scheduler time slice when the machine is busy.
-SPIN_POLLS = 2000
+# A waiting thread polls for this long before it starts yielding the core
+# at each poll (as MPI's own blocking waits spin). Short: with more ranks
+# than cores the peer we wait for needs this core. Measured (8-byte forced
+# ring iallreduce().wait(), generator path, 2 cores, a loaded machine):
+# p=3 2.4 ms per call with the earlier 2000 polls, 1.2 ms with 1 ms of spin,
+# 0.36 ms with 0.2 ms; p=2 33 us with each of these, but 133 us without
+# any spin (a yield to a busy machine's other processes).
+SPIN_S = 2e-4
 
 class _PerThread(threading.local):
     callbacks = 0  # > 0 while this thread runs done-callbacks (see in_callback())
@@ -288,10 +293,18 @@ class NativeRequest(Request):
     Until then the MPI library advances it by itself, inside any MPI call
     (MPI's progress rule), and ``wait()`` with no request in the list blocks
     in ``MPI_Wait``, the GIL released: a native collective at native cost.
-    ``expired`` makes the timeout error when a deadline is given."""
+    ``expired`` makes the timeout error when a deadline is given.
 
-    def __init__(self, mpi_req, result=None, finish=None, deadline=None, st=None, expired=None):
+    ``keep``: whatever holds the memory the MPI call reads and writes (the
+    caller's arrays, a plan with its scratch and staged copies), held until
+    the request completes. mpi4py does not keep a nonblocking call's
+    buffers alive, and Open MPI reads a send buffer after the I-call has
+    returned: a temporary input, or a plan nobody else holds, would be freed
+    and reused while the library still reads it."""
+
+    def __init__(self, mpi_req, result=None, finish=None, deadline=None, st=None, expired=None, keep=None):
         self.result = result
+        self._keep = keep
         self._mpi = mpi_req
         self._finish = finish
         self._error = None
@@ -310,10 +323,12 @@ class NativeRequest(Request):
 
     def _complete(self) -> None:
         self._finished = True
+        self._keep = None  # the library is done with the memory
 
     def _fail(self, exc) -> None:
         if self._mpi is not None and self._deadline is not None:
-            _abandoned.append(self._mpi)  # still pending in the library: its buffers must outlive it
+            # Still pending in the library: its buffers must outlive it.
+            _abandoned.append((self._mpi, self._keep))
         self._error = exc
         self._complete()
 
@@ -411,6 +426,7 @@ class _Engine:
         self._wlock = threading.Lock()
         self.sleeping = False  # the thread is blocked on `wake`
         self.saved_interval = None  # the switch interval before we lowered it (None: not lowered)
+        self.lowered_to = None  # the interval we set, as the interpreter reports it
         self.thread = None
         self.stopping = False
         self.enabled = os.environ.get(ENV_PROGRESS_THREAD, "1").strip().lower() not in ("0", "false", "no", "off")
@@ -452,10 +468,14 @@ class _Engine:
         if self.saved_interval is None:
             self.saved_interval = sys.getswitchinterval()
             sys.setswitchinterval(min(self.saved_interval, SWITCH_INTERVAL))
+            self.lowered_to = sys.getswitchinterval()  # (rounded to microseconds by the interpreter)
 
     def _restore_interval(self) -> None:
+        """Put back the interval in force before _lower_interval, unless the
+        program has set one of its own meanwhile: that one stays."""
         if self.saved_interval is not None:
-            sys.setswitchinterval(self.saved_interval)
+            if sys.getswitchinterval() == self.lowered_to:
+                sys.setswitchinterval(self.saved_interval)
             self.saved_interval = None
 
     def wake_locked(self) -> None:
@@ -517,27 +537,25 @@ class _Engine:
         until = None if hot_for is None or not self.use_thread() else time.monotonic() + hot_for
         with self._wlock:  # not the engine lock: the progress thread may hold that one
             self.waiters += 1
-        polls = 0
+
+        def advance():
+            finished = ()
+            if not req._finished and self.lock.acquire(blocking=False):
+                try:
+                    if self.active:
+                        _, finished = self._progress_locked()
+                finally:
+                    self.lock.release()
+            if finished:
+                self._settle_all(finished)
+            # (A finished request not yet done: another thread is
+            # running its callbacks; wait for it to end.)
+
         try:
-            while not req._seen_done():
-                finished = ()
-                if not req._finished and self.lock.acquire(blocking=False):
-                    try:
-                        if self.active:
-                            _, finished = self._progress_locked()
-                    finally:
-                        self.lock.release()
-                if finished:
-                    self._settle_all(finished)
-                # (A finished request not yet done: another thread is
-                # running its callbacks; wait for it to end.)
-                polls += 1
-                if until is not None and time.monotonic() > until:
-                    break
-                if polls > SPIN_POLLS and not req._seen_done():
-                    # Then let other threads and processes run: on an
-                    # oversubscribed node the peer we wait for may need this core.
-                    time.sleep(0)
+            # Spin, then only yield the core at each poll (max_pause=0): on an
+            # oversubscribed node the peer we wait for may need it, but a
+            # sleep's wake-up would cost more than a short collective.
+            poll(req._seen_done, until, advance=advance, spin_s=SPIN_S, max_pause=0.0)
         finally:
             with self._wlock:
                 self.waiters -= 1
@@ -654,12 +672,42 @@ def start(gen, result=None, finish=None, deadline=None, nbytes: int = WAKE_MIN_B
     return _engine.start(Request(result, gen, finish, deadline, st), wake=nbytes >= WAKE_MIN_BYTES)
 
 
+def submit(req: Request, nbytes: int = WAKE_MIN_BYTES) -> Request:
+    """Start ``req``, a Request subclass that advances itself (``_start``,
+    ``_advance``: the C executor's ProgramRequest), under the engine."""
+    return _engine.start(req, wake=nbytes >= WAKE_MIN_BYTES)
+
+
+def claim_alone(req: Request) -> bool:
+    """Take ``req`` out of the engine's list when it is the only request
+    there, so that the calling thread may finish it without the engine (one
+    blocking call, the GIL released) and then hand it to finish_claimed.
+    False (nothing done) when other requests are in flight: they need this
+    thread's progress too."""
+    with _engine.lock:
+        active = _engine.active
+        if req._finished or len(active) != 1 or active[0] is not req:
+            return False
+        _engine.active = []
+        return True
+
+
+def finish_claimed(req: Request, settle, outcome) -> None:
+    """End a request claimed by claim_alone: ``settle(outcome)`` under the
+    lock (it ends or fails the request), then its callbacks."""
+    with _engine.lock:
+        settle(outcome)
+        fns, req._callbacks = req._callbacks, []
+    _settle(req, fns)
+
+
 def start_native(mpi_req, result=None, finish=None, nbytes: int = WAKE_MIN_BYTES, st=None, deadline=None,
-                 expired=None) -> NativeRequest:
+                 expired=None, keep=None) -> NativeRequest:
     """Hand an MPI request already started (the library's I-call, a started
-    persistent request) to the engine; ``finish`` runs once it completes.
-    Listed at once only with a deadline (see NativeRequest)."""
-    req = NativeRequest(mpi_req, result, finish, deadline, st, expired)
+    persistent request) to the engine; ``finish`` runs once it completes,
+    ``keep`` (what holds its buffers) is held until then. Listed at once
+    only with a deadline (see NativeRequest)."""
+    req = NativeRequest(mpi_req, result, finish, deadline, st, expired, keep)
     if deadline is not None:
         req._listed = True  # (listed by start)
         return _engine.start(req, wake=nbytes >= WAKE_MIN_BYTES)
@@ -700,6 +748,11 @@ def progress_thread_active() -> bool:
 def progress() -> None:
     """Advance every outstanding nonblocking operation once."""
     _engine.progress()
+
+
+# A blocking wait on a turn in a shared-memory queue advances the calls
+# ahead of it, which may be this engine's (schedule.advance_others).
+_sched.advance_others = progress
 
 
 def waitall(requests) -> list:

@@ -9,7 +9,7 @@ MPICH", 2005). The time of one all-reduce is priced by its busiest rank:
 
 with ``M`` the messages, ``W`` the bytes that rank sends and ``R`` the bytes
 it combines (``terms()``, each the largest over the ranks: exactly what the
-simulated driver ``mpicoll.schedule.simulate`` counts when it runs the
+simulated driver ``mpicoll.counting.simulate`` counts when it runs the
 algorithm's schedule, which tests/test_model_counts.py checks for p = 1..9
 and awkward counts), and ``o`` the fixed cost of one call (argument checks,
 Python, the MPI library's entry; measured here it is tens of microseconds,
@@ -59,9 +59,9 @@ Three parameter sets are fitted, since the costs per message differ by an
 order of magnitude: ``p2p`` for mpicoll's algorithms (point-to-point calls
 from Python), ``native`` for MPI_Allreduce called directly and ``mpi`` for
 the same through mpicoll's API (the same formulas, a larger ``o``).
-``fit()`` finds (o, alpha, beta, gamma) >= 0 by least squares on relative
-errors (so that 10 us and 1 s measurements weigh alike), from the rows the
-benchmark writes.
+``modelfit.fit()`` finds (o, alpha, beta, gamma) >= 0 by least squares on
+relative errors (so that 10 us and 1 s measurements weigh alike), from the
+rows the benchmark writes.
 
     python -m mpicoll.model --profile bench-out/tuning.json --p 16,64,256,1024,4096
     python -m mpicoll.model --fit bench-out/bench-p2.json bench-out/bench-p3.json bench-out/bench-p4.json
@@ -72,18 +72,18 @@ predicted times).
 """
 from __future__ import annotations
 
-import argparse
-import itertools
 import math
 from typing import Dict, Iterable, NamedTuple, Optional
 
-import numpy as np
 
 P2P = ("ring", "tree", "recursive_doubling", "rabenseifner")
 NATIVE = ("mpi", "MPI_Allreduce")
 # Issue 20's algorithms: priced with the p2p parameters, listed by the CLI,
-# but not (yet) candidates of "auto" nor fitted (no measurements of them in
-# the bench rows); their knobs are terms() arguments.
+# not fitted (no measurements of them in the bench rows); their knobs are
+# terms() arguments. "auto" takes them by select.py's rules, drawn from the
+# SimGrid study, not from this model: its busiest-rank terms have one link
+# speed and no shared links, so they cannot see why the cascade wins (a
+# node's link shared by its ranks) nor price uneven links (hetero_ring).
 SEEDS = ("knomial", "cascade", "hetero_ring")
 # Defaults of their knobs (copies, as RING_SEGMENT_BYTES: knomial.RADIX,
 # cascade.CROSS_RING_MIN_BYTES).
@@ -215,7 +215,7 @@ def terms(algorithm: str, p: int, nbytes: int, itemsize: int = 4, *,
     """M, W, R of ``algorithm`` on ``p`` ranks for an ``nbytes`` message:
     the largest, over the ranks, of the messages a rank sends, the bytes it
     sends and the bytes it combines (exactly what the simulated driver,
-    ``mpicoll.schedule.simulate``, counts for the algorithm's schedule;
+    ``mpicoll.counting.simulate``, counts for the algorithm's schedule;
     tests/test_model_counts.py and tests/test_new_algorithms.py hold them
     equal). The other arguments are the algorithms' knobs: ``radix``
     (knomial), ``ppn`` and ``cross`` (cascade: nodes of ``ppn`` consecutive
@@ -351,52 +351,6 @@ class Model(NamedTuple):
         return cls(params, err)
 
 
-def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Least squares with x >= 0 for a handful of unknowns: the best
-    unconstrained solution over every subset of free variables that comes
-    out non-negative (the optimum of a convex problem is one of them)."""
-    k = a.shape[1]
-    best, best_res = np.zeros(k), float(np.sum(b * b))
-    for r in range(1, k + 1):
-        for cols in itertools.combinations(range(k), r):
-            sol, *_ = np.linalg.lstsq(a[:, cols], b, rcond=None)
-            if np.any(sol < 0):
-                continue
-            x = np.zeros(k)
-            x[list(cols)] = sol
-            res = float(np.sum((a @ x - b) ** 2))
-            if res < best_res:
-                best, best_res = x, res
-    return best
-
-
-def fit(rows: Iterable[dict]) -> Model:
-    """Fit (o, alpha, beta, gamma) per family from measurement rows.
-
-    Each row needs ``algorithm``, ``p``, ``bytes``, ``time_s`` and may give
-    ``itemsize`` and ``segment_bytes``; rows of algorithms without a formula
-    (``auto``, or ones registered later) are skipped.
-    """
-    by_family: Dict[str, list] = {}
-    for r in rows:
-        alg = r["algorithm"]
-        if alg not in P2P + NATIVE or r["time_s"] <= 0 or r["p"] < 2:
-            continue
-        t = terms(alg, int(r["p"]), int(r["bytes"]), int(r.get("itemsize", 4)),
-                  segment_bytes=r.get("segment_bytes"))
-        by_family.setdefault(family(alg), []).append(([1.0, t.messages, t.wire, t.combined], float(r["time_s"])))
-    params, err = {}, {}
-    for fam, data in by_family.items():
-        a = np.array([x for x, _ in data])
-        t = np.array([y for _, y in data])
-        # Divide each equation by its measured time: minimises relative error.
-        sol = _nnls(a / t[:, None], np.ones_like(t))
-        params[fam] = Params(*map(float, sol))
-        rel = (a @ sol - t) / t
-        err[fam] = float(np.sqrt(np.mean(rel ** 2)))
-    return Model(params, err)
-
-
 def best(model: Model, p: int, nbytes: int, candidates: Iterable[str], itemsize: int = 4) -> tuple:
     """(predicted seconds, algorithm) of the fastest candidate the model can price."""
     priced = [(model.predict(a, p, nbytes, itemsize), a) for a in candidates
@@ -406,95 +360,9 @@ def best(model: Model, p: int, nbytes: int, candidates: Iterable[str], itemsize:
     return min(priced)
 
 
-def rows_from_bench(result: dict, mode: str = "out") -> list:
-    """Measurement rows for ``fit()`` from a ``python -m mpicoll.bench --json`` result."""
-    meta = result["meta"]
-    return [{"p": meta["p"], "bytes": r["bytes"], "algorithm": r["algorithm"], "time_s": r["time_us"] * 1e-6,
-             "itemsize": meta.get("itemsize", 4)} for r in result["rows"]
-            if r["mode"] == mode and r["algorithm"] in P2P + NATIVE]
-
-
-def compare(model: Model, rows: Iterable[dict]) -> Dict[tuple, dict]:
-    """Measured vs predicted per (p, algorithm): rms and max relative error
-    (prediction / measurement - 1), and the per-size pairs."""
-    out: Dict[tuple, dict] = {}
-    for r in rows:
-        key = (r["p"], r["algorithm"])
-        pred = model.predict(r["algorithm"], r["p"], r["bytes"], r.get("itemsize", 4),
-                             segment_bytes=r.get("segment_bytes"))
-        out.setdefault(key, {"pairs": []})["pairs"].append((r["bytes"], r["time_s"], pred))
-    for v in out.values():
-        rel = np.array([pr / t - 1 for _, t, pr in v["pairs"]])
-        v["rms"] = float(np.sqrt(np.mean(rel ** 2)))
-        v["max"] = float(np.max(np.abs(rel)))
-    return out
-
-
-def _print_params(model: Model) -> None:
-    for fam, prm in model.params.items():
-        print(f"  {fam:<7} o={prm.o * 1e6:.2f} us  alpha={prm.alpha * 1e6:.2f} us  "
-              f"beta={prm.beta * 1e9:.3f} ns/B ({1 / prm.beta / 1e9 if prm.beta else math.inf:.2f} GB/s)  "
-              f"gamma={prm.gamma * 1e9:.3f} ns/B  fit rms rel. error {model.rms_rel_error.get(fam, math.nan):.0%}")
-
-
-def main(argv=None) -> int:
-    import json
-
-    from . import profile as _profile
-
-    ap = argparse.ArgumentParser(prog="python -m mpicoll.model",
-                                 description="Fit the cost model to bench results, or predict from a profile's model.")
-    ap.add_argument("--profile", default=None,
-                    help="tuning profile whose model to use (default: MPICOLL_TUNING_FILE or the per-user one)")
-    ap.add_argument("--fit", nargs="+", metavar="BENCH.json",
-                    help="fit to these bench --json results instead, and print measured vs predicted")
-    ap.add_argument("--p", default="16,64,256,1024,4096", help="comma-separated process counts to predict")
-    ap.add_argument("--sizes", default="8,4096,65536,1048576,16777216,268435456", help="message sizes in bytes")
-    ap.add_argument("--ppn", type=int, default=8, help="ranks per node for the cascade's prediction")
-    ap.add_argument("--radix", type=int, default=KNOMIAL_RADIX, help="the k-nomial tree's radix")
-    args = ap.parse_args(argv)
-    if args.fit:
-        rows = []
-        for f in args.fit:
-            with open(f) as fh:
-                rows += rows_from_bench(json.load(fh))
-        model = fit(rows)
-        print(f"model fitted to {len(rows)} measurements from {', '.join(args.fit)}")
-        _print_params(model)
-        cmp = compare(model, rows)
-        sizes = sorted({r["bytes"] for r in rows})
-        print("measured vs predicted (us); rel. error = predicted / measured - 1")
-        print(f"{'p':>3} {'algorithm':<19} {'rms':>5} {'max':>5}  " + " ".join(f"{n:>15}" for n in sizes))
-        for (p, alg), v in sorted(cmp.items()):
-            cells = {n: f"{t * 1e6:.0f}/{pr * 1e6:.0f}" for n, t, pr in v["pairs"]}
-            print(f"{p:>3} {alg:<19} {v['rms']:>5.0%} {v['max']:>5.0%}  " +
-                  " ".join(f"{cells.get(n, '-'):>15}" for n in sizes))
-        for p in sorted({k[0] for k in cmp}):
-            errs = [x for (pp, _), v in cmp.items() if pp == p for x in
-                    [pr / t - 1 for _, t, pr in v["pairs"]]]
-            print(f"p={p}: rms relative error {np.sqrt(np.mean(np.square(errs))):.0%} over {len(errs)} points, "
-                  f"median |error| {np.median(np.abs(errs)):.0%}")
-    else:
-        path = args.profile or _profile.path()
-        prof = _profile.load(path)
-        if prof.model is None:
-            print(f"{path}: no fitted model in this profile")
-            return 1
-        model = prof.model
-        print(f"model from {path}")
-        _print_params(model)
-    algs = [a for a in P2P + ("mpi",) + SEEDS if family(a) in model.params]
-    knobs = {"knomial": {"radix": args.radix}, "cascade": {"ppn": args.ppn}}
-    print("predicted time (us) at process counts not measured here:")
-    print(f"  (knomial radix {args.radix}; cascade with {args.ppn} ranks per node; hetero_ring with equal "
-          "weights, i.e. the ring: the model has one link speed)")
-    print(f"{'p':>6} {'bytes':>11} " + " ".join(f"{a[:12]:>12}" for a in algs) + "  best")
-    for p in (int(s) for s in args.p.split(",")):
-        for n in (int(s) for s in args.sizes.split(",")):
-            ts = [model.predict(a, p, n, **knobs.get(a, {})) for a in algs]
-            print(f"{p:>6} {n:>11} " + " ".join(f"{t * 1e6:>12.1f}" for t in ts) + f"  {algs[int(np.argmin(ts))]}")
-    return 0
-
-
 if __name__ == "__main__":
+    # The command line lives in model_cli.py: it reads tuning profiles, a
+    # layer above the model (profile.py holds fitted models).
+    from mpicoll.model_cli import main
+
     raise SystemExit(main())

@@ -1,42 +1,23 @@
-"""The MPI names of mpicoll's element types and ops: the one module of the
-kernel layer that imports mpi4py.
+"""mpicoll's element types and ops as MPI sees them: the one module of the
+kernel layer that maps MPI's types (mpicoll.dtypes and mpicoll.ops name
+their MPI equivalents but do not import mpi4py, so kernels, benchmarks and
+build checks work without an MPI library).
 
-``mpicoll.kernels``, ``mpicoll.dtypes`` and ``mpicoll.ops`` work without
-MPI (a kernel benchmark, a build check, a test on a machine with no MPI
-library). ``DType.mpi`` and ``Op.mpi`` are resolved from the tables here
-on first access, so the import of mpi4py happens then, once, and never
-on behalf of a caller that only reduces arrays.
+- ``reduces_natively``: whether the MPI library's own op gives numpy's
+  result, the same bits on every rank, for a (dtype, op);
+- ``type_info`` / ``kernel_dtype``: every named predefined MPI datatype
+  mapped to its size and mpicoll element type, and the (dtype, op) of a
+  reduction mpicoll can serve, for the drop-in ``mpicoll.Comm``. ``Native``
+  is raised for whatever only the MPI library can do, which sends the call
+  to mpi4py's own method.
 """
 from __future__ import annotations
 
 from mpi4py import MPI
+from mpi4py.util import dtlib
 
-# DType.name -> predefined MPI datatype, for the types where MPI has one
-# (DType.native); float16 and bfloat16 have none.
-DATATYPES = {
-    "int8": MPI.INT8_T, "int16": MPI.INT16_T, "int32": MPI.INT32_T, "int64": MPI.INT64_T,
-    "uint8": MPI.UINT8_T, "uint16": MPI.UINT16_T, "uint32": MPI.UINT32_T, "uint64": MPI.UINT64_T,
-    "float32": MPI.FLOAT, "float64": MPI.DOUBLE,
-}
-
-# Op.name -> the MPI op the native path uses; avg is a sum, then a division.
-OPS = {
-    "sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX, "avg": MPI.SUM,
-    "band": MPI.BAND, "bor": MPI.BOR, "bxor": MPI.BXOR,
-    "land": MPI.LAND, "lor": MPI.LOR, "lxor": MPI.LXOR,
-}
-
-# MPI.Op objects are not hashable; their Fortran handles are. avg is left
-# out: MPI.SUM means sum.
-OP_NAMES_BY_HANDLE = {op.py2f(): name for name, op in OPS.items() if name != "avg"}
-
-
-def op_name(op: MPI.Op):
-    """The mpicoll op name of a predefined MPI.Op, None if it has no kernel."""
-    if op == MPI.OP_NULL:
-        return None
-    return OP_NAMES_BY_HANDLE.get(op.py2f())
-
+from . import dtypes as _dtypes
+from . import ops as _ops
 
 # Reductions this MPI library's predefined op gets wrong. mpicoll's contract
 # is numpy's arithmetic (integer sums wrap around); Open MPI 5.0's op/avx
@@ -77,3 +58,74 @@ def reduces_natively(dtype, op) -> bool:
     if dtype.is_float and op.name in _UNORDERED_OPS:
         return False
     return not (op.name in ("sum", "avg") and dtype.name in _SATURATING_SUMS and _is_open_mpi())
+
+
+# ---- every predefined MPI datatype, for the drop-in mpicoll.Comm ----------
+
+class Native(Exception):
+    """Raised inside the parsing to send the call to mpi4py's own method."""
+
+
+# ---- datatypes ----------------------------------------------------------------
+
+def _predefined_types():
+    """Every named, predefined MPI datatype: py2f handle -> (datatype, mpicoll DType or None)."""
+    table = {}
+    for name in dir(MPI):
+        v = getattr(MPI, name)
+        if not isinstance(v, MPI.Datatype) or v == MPI.DATATYPE_NULL:
+            continue
+        try:
+            if not v.is_predefined or v.combiner != MPI.COMBINER_NAMED or v.size <= 0:
+                continue
+            if v.lb != 0 or v.extent != v.size:  # padded pair types (DOUBLE_INT): MPI moves those
+                continue
+        except MPI.Exception:  # a type this MPI library does not provide
+            continue
+        dt = None
+        try:
+            dt = _dtypes.of_numpy(dtlib.to_numpy_dtype(v))
+        except Exception:  # no numpy equivalent (PACKED, ...) or no mpicoll kernel
+            pass
+        if dt is not None and dt.itemsize != v.size:
+            dt = None
+        if v == MPI.PACKED or v == MPI.LOGICAL:  # bytes, not numbers / Fortran truth values: MPI's rules
+            dt = None
+        table[v.py2f()] = (v, dt)
+    return table
+
+
+_TYPES = None
+
+
+def type_info(datatype: MPI.Datatype):
+    """(size in bytes, mpicoll DType or None); _Native for derived types."""
+    global _TYPES
+    if _TYPES is None:
+        _TYPES = _predefined_types()
+    found = _TYPES.get(datatype.py2f())
+    if found is None:
+        raise Native("a datatype mpicoll has no size for")  # derived, or padded/unknown: MPI handles it
+    return found[0].size, found[1]
+
+
+def kernel_dtype(datatype: MPI.Datatype, op) -> tuple:
+    """(DType, mpicoll Op) for a reduction, or _Native."""
+    if not isinstance(op, MPI.Op):
+        raise Native("op is not an MPI.Op")  # mpi4py raises its TypeError
+    _, dt = type_info(datatype)
+    if datatype == MPI.BYTE:
+        # MPI defines BYTE for the bitwise ops only; anything else is MPI's error to give.
+        if op not in (MPI.BAND, MPI.BOR, MPI.BXOR):
+            raise Native("MPI.BYTE with an arithmetic op")
+        dt = _dtypes.BY_NAME["uint8"]
+    if dt is None:
+        raise Native(f"no reduction kernel for {datatype.Get_name()}")
+    try:
+        o = _ops.resolve(op)
+        o.check_dtype(dt)
+    except (TypeError, ValueError):
+        raise Native(f"no kernel for this op on {dt.name} (user-defined, MAXLOC, ...)") from None
+    return dt, o
+
+

@@ -1,23 +1,29 @@
-"""Nonblocking collectives: ``iallreduce``, ``ireduce_scatter``, ``iallgather``,
-``ibcast``, ``ireduce`` return a ``Request`` at once; the work runs while the
-caller computes.
+"""Deprecated: the names this module re-exported are the package's own.
 
-Every registered algorithm has a nonblocking form, because an algorithm is
-written once, as a schedule (``mpicoll.schedule``), and the nonblocking
-driver (``mpicoll.engine``) runs the same schedule as the blocking one:
-``iallreduce(x, algorithm=name)`` works for every name in
-``mpicoll.algorithms("allreduce")``. The progress engine, its background
-thread and ``waitall`` live in ``mpicoll.engine``; this module keeps their
-public names.
+``mpicoll.nonblocking.X`` is ``mpicoll.X`` (``iallreduce``, ``Request``,
+``waitall``, ``progress``, ``set_progress_thread``, ...); ``names()`` is
+``mpicoll.algorithms("allreduce")``. Every nonblocking form lives in
+``mpicoll.api``, its driver and the progress thread in ``mpicoll.engine``.
+Attribute access here still works, with a DeprecationWarning.
 """
 from __future__ import annotations
 
-from . import algorithms as _alg
-from .api import iallgather, iallreduce, ibcast, ireduce, ireduce_scatter  # noqa: F401
-from .engine import (ENV_PROGRESS_THREAD, Request, _engine, progress, progress_thread_active,  # noqa: F401
-                     set_progress_thread, waitall)
+import warnings
+
+from . import api, engine, registry
+
+# The old name -> the module that holds the object the package exports.
+_MOVED = {"iallgather": api, "iallreduce": api, "ibcast": api, "ireduce": api, "ireduce_scatter": api,
+          "Request": engine, "progress": engine, "progress_thread_active": engine, "set_progress_thread": engine,
+          "waitall": engine}
 
 
-def names() -> list:
-    """Names accepted by iallreduce's ``algorithm=`` ('auto' first): all of them."""
-    return _alg.names("allreduce")
+def __getattr__(name):
+    if name in _MOVED:
+        warnings.warn(f"mpicoll.nonblocking.{name} is mpicoll.{name}", DeprecationWarning, stacklevel=2)
+        return getattr(_MOVED[name], name)
+    if name == "names":
+        warnings.warn("mpicoll.nonblocking.names() is mpicoll.algorithms('allreduce')", DeprecationWarning,
+                      stacklevel=2)
+        return lambda: registry.names("allreduce")
+    raise AttributeError(f"module 'mpicoll.nonblocking' has no attribute {name!r}")

@@ -8,9 +8,9 @@ sums and products are not associative in floating point, which is why the
 algorithms fix the order in which they combine (see each algorithm's
 docstring) and why every rank ends with the same bits.
 
-This module does not import mpi4py (see mpicoll/mpitypes.py): ``Op.mpi`` is
-looked up on first access, and ``resolve`` only looks for an MPI.Op when
-mpi4py is already loaded (an MPI.Op cannot exist otherwise).
+This module does not import mpi4py at import time: ``Op.mpi`` is looked up
+on first access, and ``resolve`` only looks for an MPI.Op when mpi4py is
+already loaded (an MPI.Op cannot exist otherwise).
 """
 from __future__ import annotations
 
@@ -28,15 +28,15 @@ class Op:
     name: str
     code: int  # enum mpicoll_op in csrc/kernels.h, read from the built library (avg uses sum's)
     kinds: frozenset  # dtype kinds it is defined for
-    average: bool = False  # divide by the communicator size afterwards
+    mpi_name: str  # the predefined MPI op the native path uses, its name in mpi4py.MPI
+    average: bool = False  # divide by the communicator size afterwards (avg: MPI.SUM, then scale)
 
-    # The MPI op the native path uses (avg: MPI.SUM, then scale). Cached in
-    # the instance __dict__ on first access, as DType.mpi.
+    # The MPI.Op. Cached in the instance __dict__ on first access, as DType.mpi.
     @cached_property
     def mpi(self):
-        from .mpitypes import OPS
+        from mpi4py import MPI
 
-        return OPS[self.name]
+        return getattr(MPI, self.mpi_name)
 
     def check_dtype(self, dtype: DType) -> None:
         if dtype.kind not in self.kinds:
@@ -49,28 +49,34 @@ _INT_KINDS = frozenset({"int", "uint"})
 _FLOAT_KINDS = frozenset({"float"})
 
 ALL = (
-    Op("sum", lib.MPICOLL_SUM, _ALL_KINDS),
-    Op("prod", lib.MPICOLL_PROD, _ALL_KINDS),
-    Op("min", lib.MPICOLL_MIN, _ALL_KINDS),
-    Op("max", lib.MPICOLL_MAX, _ALL_KINDS),
-    Op("avg", lib.MPICOLL_SUM, _FLOAT_KINDS, average=True),
-    Op("band", lib.MPICOLL_BAND, _INT_KINDS),
-    Op("bor", lib.MPICOLL_BOR, _INT_KINDS),
-    Op("bxor", lib.MPICOLL_BXOR, _INT_KINDS),
-    Op("land", lib.MPICOLL_LAND, _INT_KINDS),
-    Op("lor", lib.MPICOLL_LOR, _INT_KINDS),
-    Op("lxor", lib.MPICOLL_LXOR, _INT_KINDS),
+    Op("sum", lib.MPICOLL_SUM, _ALL_KINDS, "SUM"),
+    Op("prod", lib.MPICOLL_PROD, _ALL_KINDS, "PROD"),
+    Op("min", lib.MPICOLL_MIN, _ALL_KINDS, "MIN"),
+    Op("max", lib.MPICOLL_MAX, _ALL_KINDS, "MAX"),
+    Op("avg", lib.MPICOLL_SUM, _FLOAT_KINDS, "SUM", average=True),
+    Op("band", lib.MPICOLL_BAND, _INT_KINDS, "BAND"),
+    Op("bor", lib.MPICOLL_BOR, _INT_KINDS, "BOR"),
+    Op("bxor", lib.MPICOLL_BXOR, _INT_KINDS, "BXOR"),
+    Op("land", lib.MPICOLL_LAND, _INT_KINDS, "LAND"),
+    Op("lor", lib.MPICOLL_LOR, _INT_KINDS, "LOR"),
+    Op("lxor", lib.MPICOLL_LXOR, _INT_KINDS, "LXOR"),
 )
 BY_NAME = {o.name: o for o in ALL}
+# MPI.Op handle (py2f; MPI.Op objects are not hashable) -> Op, built on the
+# first MPI.Op resolved (it needs mpi4py). avg is left out: MPI.SUM means sum.
+_by_handle = None
 
 
-def __getattr__(name):
-    # _BY_MPI (MPI.Op handle -> Op) needs mpi4py, so it is built on demand.
-    if name == "_BY_MPI":
-        from .mpitypes import OP_NAMES_BY_HANDLE
+def of_mpi(op) -> Optional[Op]:
+    """The Op of a predefined MPI.Op, None if mpicoll has no kernel for it
+    (MPI.OP_NULL, MAXLOC, a user-defined op: handles not in the table)."""
+    return (_by_handle or _handles()).get(op.py2f())
 
-        return {h: BY_NAME[n] for h, n in OP_NAMES_BY_HANDLE.items()}
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+def _handles() -> dict:
+    global _by_handle
+    _by_handle = {o.mpi.py2f(): o for o in ALL if not o.average}
+    return _by_handle
 
 
 def names() -> list:
@@ -88,10 +94,7 @@ def resolve(op) -> Op:
         return found
     mpi = sys.modules.get("mpi4py.MPI")  # loaded by whoever made an MPI.Op
     if mpi is not None and isinstance(op, mpi.Op):
-        from .mpitypes import op_name
-
-        name = op_name(op)
-        found = BY_NAME[name] if name is not None else None
+        found = of_mpi(op)
         if found is None:
             raise ValueError(f"mpicoll: MPI op {op!r} has no mpicoll kernel "
                              "(user-defined ops, MAXLOC/MINLOC, REPLACE, NO_OP are not supported)")

@@ -7,8 +7,9 @@ again and again - usually on *new* arrays of the same shape (a solver's dot
 product, ``mpicoll.allreduce(np.full(n, v))``, a torch tensor's fresh numpy
 view) - so each communicator's state (``comm.CommState.plans``) keeps what
 a call decided, keyed by everything the decision depends on: the
-collective, shape, dtype, op, root, algorithm asked for and whether the call
-is in place. Never by the arrays' identity: a hit binds the call's own
+collective, shape, dtype, op, root, the counts vectors of the v-forms (as
+tuples: a changed vector is another signature), algorithm asked for and
+whether the call is in place. Never by the arrays' identity: a hit binds the call's own
 buffers, so a cached entry keeps no user array alive or exported, and a new
 array that happens to reuse a freed one's address can never be confused
 with it.
@@ -16,10 +17,11 @@ with it.
 An entry is a ``Kept`` object: called with the new buffers it checks the
 few facts the key does not pin down (contiguity, alignment, writability,
 overlap) and runs the call, or returns ``MISS`` when the full path must
-decide (which also raises the usual errors). Today the kept calls are the
-MPI library's own collectives (what ``auto`` picks for short messages) and
-the one-rank copies; other algorithms go through the full plan path (their
-plans close over the buffers they were built for).
+decide (which also raises the usual errors). The kept calls are the MPI
+library's own collectives (what ``auto`` picks for short messages), the
+one-rank copies, and for all-reduce every other algorithm: a compilable one
+runs its recorded program in the C executor (program.py, executor.py),
+the others get their schedule bound to the call's arrays.
 
 Entries are dropped least-recently-used first, ``SIZE`` per communicator,
 and also depend on the ``MPICOLL_*`` environment: each remembers the raw
@@ -29,6 +31,8 @@ dictionary look-ups per call; the full path then validates the new values).
 from __future__ import annotations
 
 from collections import OrderedDict
+
+import numpy as np
 
 from . import _env
 
@@ -111,3 +115,22 @@ class Kept:
         self.st = st
         self.env = env_key()
         self.env_keys = tuple(_env._keys[n] for n in _ENV_KEYS) if _env._DATA is not None else (None,) * 3
+
+
+def counts_key(counts):
+    """Per-rank counts as part of a key: None stays None (no counts), a list,
+    tuple or 1-D integer array becomes a tuple of ints; False for anything
+    else (floats, bools, other sequences), which the full path validates.
+    The whole vector is in the key, so a changed one never meets the entry
+    of another."""
+    if counts is None:
+        return None
+    t = type(counts)
+    if t is list or t is tuple:
+        for c in counts:
+            if type(c) is not int:
+                return False
+        return tuple(counts)
+    if t is np.ndarray and counts.ndim == 1 and counts.dtype.kind in "iu":
+        return tuple(counts.tolist())
+    return False

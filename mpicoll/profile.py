@@ -37,6 +37,8 @@ import warnings
 from typing import List, NamedTuple, Optional
 
 from . import _env
+from . import registry as _alg
+from .model import Model
 
 ENV_TUNING_FILE = "MPICOLL_TUNING_FILE"
 FORMAT = "mpicoll-tuning"
@@ -104,8 +106,6 @@ def _rule_from_json(d: dict) -> Rule:
         # algorithm does not have is one clear error when the profile is
         # loaded, not a TypeError on every call the rule covers. (An
         # algorithm this installation lacks is passed over at lookup.)
-        from . import algorithms as _alg
-
         if _alg.has("allreduce", r.algorithm):
             _alg.get("allreduce", r.algorithm).check_knobs({"segment_bytes": r.segment_bytes}, "rule: ")
     return r
@@ -153,7 +153,6 @@ class Profile:
             parsed = [_rule_from_json(r) for r in rules]
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
-        from .model import Model  # late: `python -m mpicoll.model` must not find it imported
 
         meta = d.get("meta") or {}
         measurements = d.get("measurements") or []

@@ -1,4 +1,4 @@
-"""Schedules: every algorithm written once, run by three drivers.
+"""Schedules: every algorithm written once, run by several drivers.
 
 An algorithm is a *schedule*: a generator function that describes, for one
 rank, which messages it sends and receives and which reductions it does
@@ -24,9 +24,14 @@ Operations:
   collective. The blocking driver calls ``blocking()`` (MPI_Allreduce...),
   the nonblocking driver ``start()``, which returns an MPI request
   (MPI_Iallreduce...).
+* ``ctx.copy(dst, src)``: ``dst[...] = src`` (a schedule marked
+  ``compilable`` copies only this way, so that its recording sees it).
 * ``ctx.custom(op)``: anything else that completes later (the shared-memory
-  flags): an object with ``post()``, ``test() -> bool`` and
-  ``wait(deadline)``.
+  flags): an object with ``post()`` and ``test() -> bool``, and optionally
+  its own blocking ``wait(deadline) -> bool``; without one the blocking
+  driver polls ``test()`` and advances the nonblocking calls in flight
+  meanwhile (``advance_others``: a turn in a queue that calls started
+  earlier must leave first).
 
 The drivers:
 
@@ -35,10 +40,11 @@ The drivers:
 * nonblocking (``mpicoll.engine``): keeps the generator and its pending
   requests; the progress engine (test(), wait(), the progress thread)
   resumes it when they have completed;
-* simulated (``simulate``): runs the schedules of all p ranks in one
-  process without MPI, matching sends to receives, and counts per rank the
-  messages and bytes sent and the bytes reduced - the figures the cost model
-  (``mpicoll.model.terms``) predicts - while computing the real result.
+* counting (``mpicoll.counting.simulate``): runs the schedules of all p
+  ranks in one process without MPI, matching sends to receives, and counts
+  per rank the messages and bytes sent and the bytes reduced - the figures
+  the cost model (``mpicoll.model.terms``) predicts - while computing the
+  real result (and mpicoll.simulate drives the same schedules on SimGrid).
 
 Every operation of a collective call carries the call's tag, taken from the
 communicator's sequence number (``CommState.next_seq``): every rank starts
@@ -52,16 +58,22 @@ sequence number.
 """
 from __future__ import annotations
 
-import time
-
 import numpy as np
 from mpi4py import MPI
 
 from .errors import CollectiveTimeout, MismatchError, PeerFailure
+from .poll import poll
 
 BYTE = MPI.BYTE
 
 SEND, RECV, NATIVE, CUSTOM = 0, 1, 2, 3
+
+# The nonblocking driver's progress function, which engine.py puts here when
+# it is imported: the blocking driver calls it while it polls a custom
+# operation without a wait of its own. Held in this module, below both
+# drivers and the schedules, so that neither the schedules nor this driver
+# import the engine.
+advance_others = None
 _KIND = {SEND: "send to", RECV: "receive from", NATIVE: "native", CUSTOM: "wait"}
 
 
@@ -130,6 +142,12 @@ class Context:
             if op.req is None:
                 _post(op)
         return ops
+
+    def copy(self, dst, src) -> None:
+        """``dst[...] = src``, said to the context so that a recorded
+        schedule (program.py) replays it: a compilable schedule copies
+        between its buffers only through here."""
+        dst[...] = src
 
     def scratch(self, name: str, n: int, dtype) -> np.ndarray:
         """A temporary of ``n`` elements of ``dtype``, reused across calls
@@ -318,8 +336,12 @@ def wait_ops(ops, deadline=None) -> None:
         reqs.append(op.req)
     if custom:
         for op in ops:
-            if op.kind == CUSTOM and not op.custom.wait(deadline):
-                raise timeout_error(ops)
+            if op.kind == CUSTOM:
+                wait = getattr(op.custom, "wait", None)
+                done = wait(deadline) if wait is not None else \
+                    poll(op.custom.test, deadline, advance=advance_others, spin_s=0.0, max_pause=0.0)
+                if not done:
+                    raise timeout_error(ops)
         if not reqs:
             return
         mops = [op for op in ops if op.kind != CUSTOM]
@@ -339,32 +361,9 @@ def wait_ops(ops, deadline=None) -> None:
     check_received(mops, statuses)
 
 
-# A wait with a deadline polls without sleeping for this long, as MPI's own
-# blocking wait spins (forever). Sleeping sooner slows the normal path: the
-# first version began sleeping after a few polls, and each sleep's wake-up
-# latency (50-100 us idle; a whole scheduler slice, milliseconds, on a loaded
-# node, where a peer is often descheduled for longer than 1 ms) made small
-# and medium all-reduces several times slower. A wait that lasts longer than
-# this is a late or missing peer, where a poll every millisecond costs
-# nothing measurable and leaves the core to whoever needs it.
-SPIN_S = 0.1
-
-
 def _wait_until(ops, reqs, statuses, deadline) -> None:
-    """Waitall with a deadline: spin, then poll with a growing sleep."""
-    spin_end = time.monotonic() + SPIN_S
-    pause = 0.0
-    while not MPI.Request.Testall(reqs, statuses):
-        now = time.monotonic()
-        if now >= deadline:
-            raise timeout_error(ops)
-        if now < spin_end:
-            continue
-        # Past the spin, back off to at most 1 ms: a peer that is late by
-        # more than that is not hurried by polling, and on an oversubscribed
-        # node it may need this core.
-        pause = min(max(pause * 2, 20e-6), 1e-3)
-        time.sleep(pause)
+    """Waitall with a deadline (poll.py: spin, then poll with a growing sleep)."""
+    poll(lambda: MPI.Request.Testall(reqs, statuses), deadline, lambda: timeout_error(ops))
 
 
 def run(gen, deadline=None) -> None:
@@ -377,145 +376,3 @@ def run(gen, deadline=None) -> None:
             ops = gen.send(None)
     except StopIteration:
         return
-
-
-# ---- the simulated driver: all ranks in one process, no MPI -----------------------
-
-class SimStats:
-    """Per-rank counts of one simulated call."""
-
-    __slots__ = ("messages", "bytes_sent", "bytes_reduced")
-
-    def __init__(self):
-        self.messages = 0
-        self.bytes_sent = 0
-        self.bytes_reduced = 0
-
-    def __repr__(self):
-        return f"SimStats(messages={self.messages}, bytes_sent={self.bytes_sent}, bytes_reduced={self.bytes_reduced})"
-
-
-class _SimComm:
-    """A stand-in for CommState in the simulator: rank and size."""
-
-    def __init__(self, rank, size):
-        self.rank, self.size = rank, size
-        self.comm = None
-        self.extra = {}
-
-
-class _SimContext(Context):
-    __slots__ = ("net", "stats")
-
-    def start(self, *ops):
-        for op in ops:
-            if op.req is None:
-                self.net.post(op)
-        return ops
-
-    def native(self, blocking, start):
-        raise NotImplementedError("the MPI library's own collectives cannot be simulated")
-
-    def sub(self, st):
-        raise NotImplementedError("sub-communicators are not simulated")
-
-
-class CountingReduction:
-    """A Reduction that also counts the bytes it reduces (per rank)."""
-
-    def __init__(self, red, stats: SimStats):
-        self._red, self._stats = red, stats
-        self.op, self.dtype = red.op, red.dtype
-
-    def combine(self, dst, a, b):
-        self._stats.bytes_reduced += dst.nbytes
-        self._red.combine(dst, a, b)
-
-    def combine_many(self, dst, srcs):
-        self._stats.bytes_reduced += dst.nbytes * max(len(srcs) - 1, 0)
-        self._red.combine_many(dst, srcs)
-
-    def finish(self, buf, size):
-        self._red.finish(buf, size)
-
-
-class _Network:
-    """Matches simulated sends and receives: per (source, dest) pair in
-    posting order, as MPI does for one tag. A send is buffered when posted
-    (eager), so it completes at once."""
-
-    def __init__(self, p):
-        self.queues = {}  # (src, dst) -> list of bytes in flight
-        self.recvs = {}  # (src, dst) -> list of posted, unmatched receive ops
-
-    def post(self, op):
-        r = op.ctx.rank
-        if op.kind == SEND:
-            op.ctx.stats.messages += 1
-            op.ctx.stats.bytes_sent += op.buf.nbytes
-            data = op.buf.view(np.uint8).copy() if op.buf.nbytes else np.empty(0, np.uint8)
-            waiting = self.recvs.get((r, op.peer))
-            if waiting:
-                self._deliver(waiting.pop(0), data)
-            else:
-                self.queues.setdefault((r, op.peer), []).append(data)
-            op.req = True  # complete
-        elif op.kind == RECV:
-            q = self.queues.get((op.peer, r))
-            if q:
-                self._deliver(op, q.pop(0))
-            else:
-                self.recvs.setdefault((op.peer, r), []).append(op)
-                op.req = False  # pending
-        else:
-            raise NotImplementedError("only point-to-point operations are simulated")
-
-    @staticmethod
-    def _deliver(op, data):
-        if data.nbytes != op.buf.nbytes:
-            raise size_mismatch(op, data.nbytes)
-        if data.nbytes:
-            op.buf.view(np.uint8)[...] = data
-        op.req = True
-
-
-def simulate(p: int, make, *, pool_per_rank=True):
-    """Run one collective on ``p`` simulated ranks; returns per-rank SimStats.
-
-    ``make(ctx, stats)`` returns rank ``ctx.rank``'s schedule generator (it
-    may wrap its Reduction in ``CountingReduction(red, stats)``). Raises
-    RuntimeError if the schedules deadlock (a receive nobody sends).
-    """
-    net = _Network(p)
-    stats = [SimStats() for _ in range(p)]
-    gens, waiting = [], []
-    for r in range(p):
-        ctx = _SimContext(_SimComm(r, p), tag=0, pool={}, info=("simulated", "?", 0, 0))
-        ctx.net, ctx.stats = net, stats[r]
-        gens.append(make(ctx, stats[r]))
-        waiting.append(None)
-    live = set(range(p))
-
-    def advance(r):
-        try:
-            ops = next(gens[r]) if waiting[r] is None else gens[r].send(None)
-        except StopIteration:
-            live.discard(r)
-            return
-        for op in ops:
-            if op.req is None:
-                net.post(op)
-        waiting[r] = list(ops)
-
-    for r in range(p):
-        advance(r)
-    while live:
-        moved = False
-        for r in sorted(live):
-            if all(op.req is True for op in waiting[r]):
-                advance(r)
-                moved = True
-        if not moved:
-            stuck = {r: [op.describe() for op in waiting[r] if op.req is not True] for r in sorted(live)}
-            raise RuntimeError(f"simulated schedules deadlock: {stuck}")
-    return stats

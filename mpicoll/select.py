@@ -1,12 +1,14 @@
-"""How "auto" picks an algorithm: a pure function of (p, nbytes, op, dtype).
+"""How "auto" picks an algorithm: a pure function of (p, nbytes, op, dtype,
+the node layout, link weights).
 
 No MPI calls here, so the decision can be unit-tested and explained
 (``mpicoll.explain``). A tuning profile (``python -m mpicoll.tune``,
 loaded by the caller through ``mpicoll.profile`` and passed in) decides
 first: its measured entries, then its fitted cost model; the fixed
-defaults below, measured with ``make bench`` on a 2-core machine with the
-MPICH wheel (see docs/algorithms.md), decide everything else. The reason
-in each Choice says which of the three it was.
+defaults below decide everything else: measured with ``make bench`` on a
+2-core machine with the MPICH wheel (see docs/algorithms.md) on one node,
+simulated with SimGrid (docs/scale.md) across nodes, where this machine
+cannot measure. The reason in each Choice says which it was.
 
 Order of the decision, as in Open MPI's fixed decision functions:
 commutativity first (all of mpicoll's ops are commutative), then whether MPI
@@ -16,6 +18,9 @@ from __future__ import annotations
 
 import functools
 from typing import NamedTuple, Optional
+
+from . import model as _model
+from .registry import has
 
 # Fixed defaults, measured with ``make bench`` (float32 sum, MPICH wheel,
 # p = 2 and 4 on a 2-core machine; docs/algorithms.md has the tables).
@@ -44,13 +49,12 @@ class Choice(NamedTuple):
     reason: str
     # A knob for the chosen algorithm (the ring's), from a tuning profile.
     segment_bytes: Optional[int] = None
+    # Other knobs the choice depends on, as ((name, value), ...): hetero_ring's
+    # weights (the link speeds that made it the choice).
+    knobs: tuple = ()
 
 
 def _registered(name: str) -> bool:
-    # Imported late, by submodule (mpicoll.algorithms the attribute is the
-    # public function): keeps this module importable on its own.
-    from .algorithms import has
-
     return has("allreduce", name)
 
 
@@ -61,11 +65,16 @@ def _registered(name: str) -> bool:
 # ``allreduce.cache_clear()`` after registering an algorithm late.
 @functools.lru_cache(maxsize=4096)
 def allreduce(p: int, nbytes: int, op: str, dtype: str, *, native_dtype: bool = True,
-              profile=None, available=None, ranks_per_node: int = 1, nodes: int = 1) -> Choice:
+              profile=None, available=None, ranks_per_node: int = 1, nodes: int = 1,
+              link_weights: Optional[tuple] = None) -> Choice:
     """The all-reduce algorithm for ``p`` ranks and an ``nbytes`` message.
 
     ``ranks_per_node`` (the largest node) and ``nodes`` describe the layout
     (``mpicoll.node``); the defaults mean "one rank per node".
+    ``link_weights``: hetero_ring's weights for this communicator's ring
+    (a tuple of p numbers, the same on every rank: measured by its
+    ``weights="measure"`` or declared by the user), or None when the links
+    are not known to differ.
 
     ``profile`` is a loaded ``mpicoll.profile.Profile`` (or None): its
     first matching rule decides, then its fitted model, then the fixed
@@ -79,25 +88,33 @@ def allreduce(p: int, nbytes: int, op: str, dtype: str, *, native_dtype: bool = 
         choice = _from_profile(profile, p, nbytes, native_dtype, available)
         if choice is not None:
             return choice
+    uneven = _uneven_links(p, nbytes, link_weights, available)
+    if uneven is not None:
+        return uneven
     shared = _shared_memory_rule(nbytes, ranks_per_node, nodes, native_dtype)
     if shared is not None and available(shared.name):
         return shared
-    return _default(p, nbytes, dtype, native_dtype, available)
+    return _default(p, nbytes, dtype, native_dtype, available, ranks_per_node, nodes)
 
 
-def _default(p, nbytes, dtype, native_dtype, available) -> Choice:
+def _default(p, nbytes, dtype, native_dtype, available, ranks_per_node=1, nodes=1) -> Choice:
     """The fixed decision (no profile, or no profile entry for this case)."""
     if native_dtype:
         if nbytes >= RING_MIN_BYTES and nbytes >= RING_MIN_BLOCK_BYTES * p and available("ring"):
             return Choice("ring", f"default: long message ({nbytes} B >= {RING_MIN_BYTES} B, blocks of >= "
                                   f"{RING_MIN_BLOCK_BYTES} B per rank): the pipelined ring overlaps reduction "
                                   "and transfer and beat MPI_Allreduce in the measurements")
+        if nodes > 1:
+            across = _across_nodes(p, nbytes, ranks_per_node, nodes, available)
+            if across is not None:
+                return across
+        ours = ACROSS_NODES_MIN_BYTES if nodes > 1 else max(RING_MIN_BYTES, RING_MIN_BLOCK_BYTES * p)
         return Choice("mpi", f"default: {dtype} is native to MPI and the message is short for p={p} "
-                             f"(ring from {max(RING_MIN_BYTES, RING_MIN_BLOCK_BYTES * p)} B): "
-                             "MPI_Allreduce has the least per-call overhead")
+                             f"(ours from {ours} B): MPI_Allreduce has the least per-call overhead")
     if nbytes <= SMALL_MESSAGE_BYTES and available("recursive_doubling"):
         return Choice("recursive_doubling", f"default: no native MPI reduction for {dtype} and a short message "
-                                            f"(<= {SMALL_MESSAGE_BYTES} B): log2(p) exchanges of the vector")
+                                            f"(<= {SMALL_MESSAGE_BYTES} B): log2(p) exchanges of the vector (the "
+                                            "k-nomial tree, simulated, was slower)")
     if p & (p - 1) == 0 and available("rabenseifner"):
         return Choice("rabenseifner", f"default: long message on a power-of-two p={p}: halving/doubling moves "
                                       "2(p-1)/p n bytes in 2 log2(p) steps")
@@ -105,6 +122,78 @@ def _default(p, nbytes, dtype, native_dtype, available) -> Choice:
         return Choice("ring", f"default: long message on p={p} (not a power of two): the ring moves "
                               "2(p-1)/p n bytes with no fold-in")
     return Choice("mpi", "default: MPI's own all-reduce (no point-to-point algorithm is registered)")
+
+
+# ---- across nodes, native dtypes: from the SimGrid study --------------------------
+# Where the measured ring rule above has not decided (blocks < 512 KiB).
+# Simulated (SimGrid, docs/scale.md "auto at scale": a 100 Gbit/s fat tree
+# and 1 Gbit/s copies of this machine, p = 4..256, MPICH's own call priced
+# by SMPI plus its reductions). From 1 MiB mpicoll's algorithms beat or tied
+# MPI_Allreduce in every simulated cell across nodes, and which one wins
+# depends on whether ranks share a node's link:
+# * one rank per node: Rabenseifner on powers of two (1.0-3.5x faster than
+#   MPICH's call, up to 5x the ring at 1 MiB: log2 p steps against 2(p-1)); otherwise
+#   the ring while its blocks are long (its 2(p-1) steps, unfolded, beat
+#   Rabenseifner's fold, which sends the whole vector twice more), and
+#   Rabenseifner once blocks are short (1 MiB at p = 48 and 96);
+# * several ranks per node (reached only when the shared-memory rule has
+#   not decided, i.e. hierarchical is unavailable): the cascade, every rank
+#   of a node carrying 1/L of the node's traffic (1.35-2.5x MPICH's call,
+#   1.2-2.1x the next best from 1 MiB, p = 64 and 256); the flat ring and
+#   Rabenseifner push n/2 (halving) or a whole block per step through a
+#   link 8 ranks share. While n/p >= 4 KiB: that is the block of the
+#   cascade's cross ring (n/L bytes over N nodes), whose 2(N-1) steps cost
+#   more than they save below (1 MiB at p = 1024: 1 KiB blocks, 1.7x
+#   slower than MPICH's call; 4 KiB at p = 256 still won).
+ACROSS_NODES_MIN_BYTES = 1 << 20
+ACROSS_NODES_RING_MIN_BLOCK_BYTES = 64 << 10
+CASCADE_MIN_BLOCK_BYTES = 4 << 10
+
+
+def _across_nodes(p, nbytes, ranks_per_node, nodes, available) -> Optional[Choice]:
+    if nbytes < ACROSS_NODES_MIN_BYTES:
+        return None
+    spread = (f"{nodes} nodes of up to {ranks_per_node} ranks" if ranks_per_node > 1
+              else f"one rank on each of {nodes} nodes")
+    where = f"{spread} and >= {ACROSS_NODES_MIN_BYTES} B (simulated)"
+    if ranks_per_node > 1:
+        if nbytes >= CASCADE_MIN_BLOCK_BYTES * p and available("cascade"):
+            return Choice("cascade", f"default: {where}, blocks of >= {CASCADE_MIN_BLOCK_BYTES} B, no "
+                                     "shared-memory algorithm: the cascade spreads each node's inter-node "
+                                     "traffic over all its ranks, where flat algorithms crowd the node's one link")
+        return None
+    pof2 = p & (p - 1) == 0
+    if not pof2 and nbytes >= ACROSS_NODES_RING_MIN_BLOCK_BYTES * p and available("ring"):
+        return Choice("ring", f"default: {where}, p={p} not a power of two and blocks of >= "
+                              f"{ACROSS_NODES_RING_MIN_BLOCK_BYTES} B: the ring has no fold-in")
+    if available("rabenseifner"):
+        return Choice("rabenseifner", f"default: {where}: halving/doubling moves "
+                                      f"2(p-1)/p n bytes in {2 * (p.bit_length() - 1)} steps"
+                                      + ("" if pof2 else " plus a fold"))
+    return None
+
+
+# ---- uneven links: hetero_ring, only with weights ------------------------------------
+# Measured on the namespace test bed (docs/algorithms.md, hetero_ring: 4
+# hosts, one on 1 Gbit/s, the others on 10 Gbit/s): with the measured
+# weights 0.71x the ring's time at 4 MiB, 0.89x at 16-64 MiB. Without
+# weights there is nothing to size the blocks by (equal weights are the
+# plain ring), so auto never guesses them: it takes hetero_ring only when
+# the weights are given and differ. Simulated on platforms/hetero-8x1.xml
+# (docs/scale.md), the weights from the nominal rates were slower than the
+# ring (the heuristic overloads the fast links' chain): measured weights
+# are the ones that paid.
+HETERO_MIN_BYTES = 4 << 20
+
+
+def _uneven_links(p, nbytes, weights, available) -> Optional[Choice]:
+    if weights is None or len(weights) != p or len(set(weights)) < 2 or nbytes < HETERO_MIN_BYTES \
+            or not available("hetero_ring"):
+        return None
+    return Choice("hetero_ring", f"uneven links (weights {list(weights)}) and >= {HETERO_MIN_BYTES} B: the ring "
+                                 "with blocks sized to the links relieves the slow ones (measured 0.71-0.89x the "
+                                 "plain ring on the test bed with measured weights)",
+                  knobs=(("weights", tuple(weights)),))
 
 
 def _from_profile(profile, p, nbytes, native_dtype, available) -> Optional[Choice]:
@@ -118,8 +207,6 @@ def _from_profile(profile, p, nbytes, native_dtype, available) -> Optional[Choic
     model = getattr(profile, "model", None)
     if model is None or not native_dtype:  # the model is fitted on native dtypes only
         return None
-    from . import model as _model
-
     candidates = [a for a in _model.P2P + ("mpi",) if available(a) and _model.family(a) in model.params]
     if not candidates:
         return None
@@ -128,14 +215,45 @@ def _from_profile(profile, p, nbytes, native_dtype, available) -> Optional[Choic
                         f"predicted {t * 1e6:.1f} us, the least of {', '.join(candidates)}")
 
 
-def simple(collective: str, p: int, nbytes: int, *, native_dtype: bool = True) -> Choice:
-    """reduce_scatter, allgather, bcast, reduce: native MPI unless it cannot
-    reduce the dtype, then our ring / tree."""
+# Rooted reduce of a dtype MPI cannot reduce: the k-nomial tree (radix 4,
+# knomial.RADIX) for short messages on many ranks. Simulated (SimGrid,
+# docs/scale.md "k-nomial"; p = 64 and 256, 8 ranks per node, both
+# platforms): 1.1-1.9x faster than the binomial tree up to 4 KiB (half the
+# levels; a parent's k-1 receives share one wait), slower from 16 KiB on 1
+# Gbit/s (the root takes in 3 whole vectors per level). For the all-reduce
+# it never paid: recursive doubling, log2 p exchanges with no root, was
+# faster at every short size simulated (0.5-0.9x the k-nomial's time on
+# the fat tree, within 10 % on 1 Gbit/s).
+KNOMIAL_REDUCE_MAX_BYTES = 4 << 10
+KNOMIAL_MIN_P = 16
+
+
+def native_first(collective: str, p: int, nbytes: int, *, native_dtype: bool = True, available=None) -> Choice:
+    """reduce_scatter, allgather, bcast, reduce: the MPI library's own call
+    unless it cannot reduce the dtype (float16, bfloat16), then our ring /
+    tree (k-nomial for short reduces on many ranks)."""
     if native_dtype or collective in ("allgather", "bcast"):
         return Choice("mpi", "the MPI library's own implementation")
     if collective == "reduce_scatter":
         return Choice("ring", "no native MPI reduction for this dtype: ring reduce-scatter")
+    if collective == "reduce" and p >= KNOMIAL_MIN_P and nbytes <= KNOMIAL_REDUCE_MAX_BYTES \
+            and (available or (lambda a: _registered_for("reduce", a)))("knomial"):
+        return Choice("knomial", f"no native MPI reduction for this dtype, p={p} >= {KNOMIAL_MIN_P} and <= "
+                                 f"{KNOMIAL_REDUCE_MAX_BYTES} B: the k-nomial tree has half the binomial "
+                                 "tree's levels (simulated 1.1-1.9x faster)")
     return Choice("tree", "no native MPI reduction for this dtype: binomial tree")
+
+
+def simple(*args, **kwargs) -> Choice:
+    """Deprecated name of :func:`native_first` (it said nothing of the rule)."""
+    import warnings
+
+    warnings.warn("mpicoll.select.simple is now mpicoll.select.native_first", DeprecationWarning, stacklevel=2)
+    return native_first(*args, **kwargs)
+
+
+def _registered_for(collective: str, name: str) -> bool:
+    return has(collective, name)
 
 
 # ---- shared memory: shm on one node, hierarchical across nodes ----
@@ -186,9 +304,9 @@ def _shared_memory_rule(nbytes: int, ranks_per_node: int, nodes: int, native_dty
 # 2-40 us), so the native call stays. From 256 KiB per rank on, the
 # allgatherv ring (3.3x native at p=4, 20-140x at 2-16 MiB where
 # MPI_Allgatherv collapsed; 0.6-3.9x at p=2) and the windowed all-to-all
-# ring (1.7-2.4x at p=4, 1.0-1.2x at p=2) beat the native call. Bruck never
+# shift exchange (1.7-2.4x at p=4, 1.0-1.2x at p=2) beat the native call. Bruck never
 # did (0.03-0.7x: its per-round packing and messages cost more in Python
-# than MPICH's Bruck in C), and linear/binomial scatter and gather were
+# than MPICH's Bruck in C), and linear/tree scatter and gather were
 # within the run-to-run spread of the native call (the same native call
 # under "auto" and "mpi" differed by up to 2x), so they are never chosen.
 FAMILY_RING_MIN_BLOCK_BYTES = 256 << 10
@@ -203,7 +321,7 @@ def family(collective: str, p: int, nbytes: int) -> Choice:
         return Choice("ring", f"default: blocks of >= {FAMILY_RING_MIN_BLOCK_BYTES} B on average: the ring "
                               "beat MPI_Allgatherv in the measurements")
     if collective == "alltoall" and nbytes >= FAMILY_RING_MIN_BLOCK_BYTES:
-        return Choice("ring", f"default: >= {FAMILY_RING_MIN_BLOCK_BYTES} B per rank: the windowed shift "
+        return Choice("shift", f"default: >= {FAMILY_RING_MIN_BLOCK_BYTES} B per rank: the windowed shift "
                               "exchange beat MPI_Alltoall in the measurements")
     if nbytes < 0:
         return Choice("mpi", "the ranks know only their own counts, so the rule cannot depend on size: "

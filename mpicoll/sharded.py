@@ -69,10 +69,11 @@ import numpy as np
 from mpi4py import MPI
 
 from . import dtypes as _dtypes
-from . import plan as _plan
+from . import arguments as _args
 from .algorithms.common import block_bounds
 from .bucketing import BUCKET_BYTES, FIRST_BUCKET_BYTES, GradientBucketer
-from .nonblocking import iallgather, ireduce_scatter, waitall
+from .api import iallgather, ireduce_scatter
+from .engine import waitall
 
 
 class _ReduceScatterBucketer(GradientBucketer):
@@ -104,7 +105,7 @@ class _RankOrderedReduceScatter:
 
     def __init__(self, comm, buf, out, op, p, rank):
         self._out, self._p = out, p
-        self._red = _plan.reduction(op, _dtypes.resolve(buf.dtype))
+        self._red = _args.reduction(op, _dtypes.resolve(buf.dtype))
         if comm is None:  # one rank: the sum of one input
             self._pieces, self._mpi = [buf], None
             return

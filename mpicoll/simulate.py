@@ -1,7 +1,7 @@
 """The SimGrid driver: mpicoll's schedules at p = 16..1024 on a simulated platform.
 
 A fourth driver beside blocking (``schedule.run``), nonblocking
-(``engine.Request``) and counting (``schedule.simulate``). Each of the p
+(``engine.Request``) and counting (``counting.simulate``). Each of the p
 ranks' schedule generators - the registry's, unchanged - runs as a SimGrid
 actor on a host of a platform file (SimGrid XML); rank r runs on host
 ``r // ppn`` of the platform's cluster. SimGrid's network model prices the
@@ -70,7 +70,7 @@ from typing import Dict, List, NamedTuple, Optional
 
 import numpy as np
 
-from . import schedule
+from . import counting, schedule
 from .schedule import RECV, SEND
 
 DEBIAN_DIST_PACKAGES = "/usr/lib/python3/dist-packages"
@@ -133,6 +133,9 @@ def load_platform(path: str) -> Platform:
             lo, _, hi = part.partition("-")
             hosts += int(hi or lo) - int(lo) + 1
         cores = int(c.get("core", "1"))
+    for h in root.iter("host"):  # hosts listed one by one (platforms/hetero-8x1.xml)
+        hosts += 1
+        cores = int(h.get("core", "1"))
     return Platform(path, hosts, cores, float(props["reduce_Bps"]), float(props["op_overhead_s"]),
                     float(props["call_overhead_s"]), int(float(props["eager_bytes"])), props)
 
@@ -148,7 +151,7 @@ def phantom(n: int, dtype) -> np.ndarray:
 
 # ---- the driver --------------------------------------------------------------------
 
-class Stats(schedule.SimStats):
+class Stats(counting.SimStats):
     """Per-rank counts (as the counting driver's) and the rank's finish time."""
 
     __slots__ = ("finish_s",)
@@ -356,7 +359,7 @@ def _simulate(plat, alg, collective, p, ppn, n, storage, dt, reduction, knobs):
     args = _schedule_args(collective, p, n, storage,
                           lambda rank: _TimedReduction(sg, reduction, dt, r.stats[rank], spb))
     for rank in range(p):
-        ctx = _Context(schedule._SimComm(rank, p), 0, {}, (collective, alg.name, n, 0))
+        ctx = _Context(counting._SimComm(rank, p), 0, {}, (collective, alg.name, n, 0))
         ctx.run, ctx.stats = r, r.stats[rank]
         gen = alg.schedule(ctx, *args(rank), **knobs)
         sg.Actor.create(f"rank{rank}", hosts[rank // ppn], r.actor, rank, gen)
@@ -420,9 +423,11 @@ def estimated_messages(algorithm: str, p: int, nbytes: int, itemsize: int = 4) -
     return p * model.terms(algorithm, p, nbytes, itemsize).messages
 
 
-def auto_choice(p: int, nbytes: int, ppn: int, dtype: str = "float32", op: str = "sum", profile=None):
+def auto_choice(p: int, nbytes: int, ppn: int, dtype: str = "float32", op: str = "sum", profile=None,
+                available=None):
     """What ``algorithm="auto"`` runs for this call on ``p`` ranks, ``ppn``
-    per node (mpicoll.select, the same pure function the plan layer asks)."""
+    per node (mpicoll.select, the same pure function the plan layer asks);
+    ``available`` as select.allreduce's."""
     from . import select
     from .dtypes import BY_NAME
     from .mpitypes import reduces_natively
@@ -430,7 +435,7 @@ def auto_choice(p: int, nbytes: int, ppn: int, dtype: str = "float32", op: str =
 
     nodes = -(-p // ppn)
     return select.allreduce(p, nbytes, op, dtype, native_dtype=reduces_natively(BY_NAME[dtype], resolve(op)),
-                            profile=profile, ranks_per_node=min(ppn, p), nodes=nodes)
+                            profile=profile, ranks_per_node=min(ppn, p), nodes=nodes, available=available)
 
 
 def load_native(files) -> Dict[tuple, float]:
@@ -445,6 +450,26 @@ def load_native(files) -> Dict[tuple, float]:
     return out
 
 
+def algorithm_spec(spec: str, ppn: int) -> tuple:
+    """``"name"`` or ``"name:knob=value;..."`` (integers where they parse,
+    e.g. ``knomial:radix=8``) -> (name, knobs). The cascade gets the simulated
+    layout (``ppn``) unless the spec gives one: in the driver it cannot
+    find the node layout itself (no MPI communicator to ask)."""
+    name, _, rest = spec.partition(":")
+    knobs = {}
+    for item in filter(None, rest.split(";")):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ValueError(f"mpicoll: algorithm spec {spec!r}: expected name:knob=value")
+        try:
+            knobs[key.strip()] = int(value)
+        except ValueError:
+            knobs[key.strip()] = value.strip()
+    if name == "cascade":
+        knobs.setdefault("ppn", ppn)
+    return name, knobs
+
+
 def study(plat: Platform, collective: str, algorithms: List[str], ps: List[int], ppn: int, sizes: List[int], *,
           dtype="float32", op="sum", max_messages=300_000, jobs=1, native=None, log=None) -> List[dict]:
     """Simulate every algorithm at every (p, size): one row per cell, with
@@ -452,17 +477,19 @@ def study(plat: Platform, collective: str, algorithms: List[str], ps: List[int],
     from concurrent.futures import ThreadPoolExecutor
 
     cells = [(p, n, a) for p in ps for n in sizes for a in algorithms]
+    specs = {a: algorithm_spec(a, ppn) for a in algorithms}  # bad specs raise before any run
 
     def one(cell):
         p, n, a = cell
+        name, knobs = specs[a]
         row = {"collective": collective, "algorithm": a, "p": p, "ppn": ppn, "bytes": n, "time_s": None,
                "wall_s": 0.0, "skipped": None}
-        est = estimated_messages(a, p, n) if collective == "allreduce" else None
+        est = estimated_messages(name, p, n) if collective == "allreduce" and not knobs else None
         if est is not None and est > max_messages:
             row["skipped"] = f"{est} messages > --max-messages {max_messages}"
         else:
             try:
-                r = run(plat, collective, a, p, n, ppn=ppn, dtype=dtype, op=op)
+                r = run(plat, collective, name, p, n, ppn=ppn, dtype=dtype, op=op, knobs=knobs)
             except Unsimulable as exc:
                 row["skipped"] = str(exc)
             else:
@@ -491,6 +518,12 @@ def native_priced(plat: Platform, smpi_s: Optional[float], p: int, nbytes: int) 
     return smpi_s + combined / plat.reduce_Bps + plat.call_overhead_s
 
 
+def _no_shared_memory(name: str) -> bool:
+    from .algorithms import has
+
+    return has("allreduce", name) and name not in ("shm", "hierarchical")
+
+
 def summarize(rows: List[dict], plat: Platform, ppn: int, native: Dict[tuple, float], dtype="float32",
               op="sum") -> List[dict]:
     """Per (p, size): the best simulated algorithm, the native figures, and
@@ -512,13 +545,15 @@ def summarize(rows: List[dict], plat: Platform, ppn: int, native: Dict[tuple, fl
         row = {"p": p, "bytes": n, "times": times, "native": nat, "mpi_priced": mpi, "best": best,
                "best_s": cand.get(best)}
         # auto as the plan layer decides for this layout, and as it decides
-        # with one rank per node (its choice among the algorithms simulated
-        # here when shm/hierarchical are out of the picture).
-        for key, layout in (("auto", ppn), ("auto_flat", 1)):
-            choice = auto_choice(p, n, layout, dtype, op)
+        # for the same layout where no shared-memory window is available
+        # (shm/hierarchical out of the picture: what both drivers can price).
+        # Not auto's one-rank-per-node decision: priced on these runs, where
+        # ranks share their node's link, that would mix two layouts.
+        for key, avail in (("auto", None), ("auto_no_shm", _no_shared_memory)):
+            choice = auto_choice(p, n, ppn, dtype, op, available=avail)
             t = cand.get(choice.name)
             row[key], row[key + "_s"], row[key + "_reason"] = choice.name, t, choice.reason
-            row["regret" if key == "auto" else "regret_flat"] = \
+            row["regret" if key == "auto" else "regret_no_shm"] = \
                 None if t is None or best is None else t / cand[best] - 1
         out.append(row)
     return out
@@ -530,17 +565,27 @@ def profile_from(summary: List[dict], plat: Platform, ppn: int):
     one (the largest: and beyond), and sizes from this one up to the next."""
     from . import profile
 
+    def plain_best(s):
+        # A profile rule names an algorithm, not knob settings: variants
+        # simulated with knobs ("knomial:radix=8") are left out of its pick.
+        cand = {a: t for a, t in s["times"].items() if ":" not in a}
+        if s["mpi_priced"] is not None:
+            cand["mpi"] = s["mpi_priced"]
+        return min(cand.items(), key=lambda kv: kv[1]) if cand else None
+
     rules = []
     ps = sorted({s["p"] for s in summary})
     for i, p in enumerate(ps):
-        rows = sorted((s for s in summary if s["p"] == p and s["best"]), key=lambda s: s["bytes"])
-        for j, s in enumerate(rows):
+        rows = sorted(((s, plain_best(s)) for s in summary if s["p"] == p and plain_best(s)),
+                      key=lambda sb: sb[0]["bytes"])
+        for j, (s, (name, t)) in enumerate(rows):
             rules.append(profile.Rule(
                 p_min=ps[i - 1] + 1 if i else 2, p_max=None if i == len(ps) - 1 else p,
-                bytes_min=0 if j == 0 else s["bytes"], bytes_max=rows[j + 1]["bytes"] if j + 1 < len(rows) else None,
-                algorithm=s["best"], source="model",
+                bytes_min=0 if j == 0 else s["bytes"],
+                bytes_max=rows[j + 1][0]["bytes"] if j + 1 < len(rows) else None,
+                algorithm=name, source="model",
                 note=f"simulated by SimGrid on {os.path.basename(plat.path)} at p={p}, {ppn} per node, "
-                     f"{s['bytes']} B: {s['best_s'] * 1e6:.1f} us"))
+                     f"{s['bytes']} B: {t * 1e6:.1f} us"))
     meta = {"host": f"simulated: {plat.path}", "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "simulated_p": ps, "ppn": ppn, "tool": "python -m mpicoll.simulate"}
     return profile.Profile(rules, meta=meta)
@@ -573,7 +618,9 @@ def main(argv=None) -> int:
     ap.add_argument("--ppn", type=int, default=8, help="ranks per node (rank r on node r // ppn)")
     ap.add_argument("--sizes", default="8:64M", help="comma list (8,4K,16M) or range MIN:MAX[:FACTOR]")
     ap.add_argument("--collective", default="allreduce", choices=COLLECTIVES)
-    ap.add_argument("--algorithms", help="comma list (default: every registered one the driver can run)")
+    ap.add_argument("--algorithms", help="comma list, each NAME or NAME:knob=value;... (knomial:radix=8); "
+                         "default: every registered one the driver can run, less hetero_ring (without weights "
+                         "it is the ring)")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--op", default="sum")
     ap.add_argument("--native", nargs="*", help="SMPI anchor results (sim/run_anchor.py --json) to show beside")
@@ -590,7 +637,7 @@ def main(argv=None) -> int:
     ps = [int(x) for x in a.p.split(",") if x.strip()]
     sizes = parse_sizes(a.sizes)
     algorithms = a.algorithms.split(",") if a.algorithms else \
-        [x for x in names(a.collective)[1:] if x not in ("mpi", "shm", "hierarchical")]
+        [x for x in names(a.collective)[1:] if x not in ("mpi", "shm", "hierarchical", "hetero_ring")]
     t0 = time.perf_counter()
     rows = study(plat, a.collective, algorithms, ps, a.ppn, sizes, dtype=a.dtype, op=a.op,
                  max_messages=a.max_messages, jobs=a.jobs, log=None if a.quiet else sys.stderr)

@@ -20,7 +20,8 @@ import threading
 import numpy as np
 from mpi4py import MPI
 
-from .typemap import Native as _Native, type_info as _type_info
+from .mpitypes import Native as _Native, type_info as _type_info
+from .plancache import counts_key
 
 
 # ---- buffer specs (mirrors mpi4py's message_simple) -----------------------------
@@ -358,9 +359,75 @@ def _typed_buffer(o_buf, o_type, writable: bool):
     return raw, datatype, bottom, derived, basic, n, size, dt
 
 
+# ---- plain numpy arrays: the common case, parsed without the general path -----
+# What the general parsing finds for a C-contiguous numpy array of a plain
+# dtype depends on its dtype alone: learned once per dtype (by the general
+# parsing itself), then a call only checks the array and its counts. Any
+# other spec, or one these checks do not accept, takes the general path,
+# which gives mpi4py's errors.
+
+_PLAIN = {}  # numpy dtype -> (datatype, size, DType), or None: the general path
+
+
+def _plain_type(arr: np.ndarray):
+    """(datatype, size, DType) of ``arr``'s elements as the general parsing
+    maps them, or None when it needs the general parsing."""
+    if not arr.flags.c_contiguous:
+        return None
+    d = arr.dtype
+    got = _PLAIN.get(d, False)
+    if got is False:
+        got = None
+        if d.kind in "biufc":
+            try:
+                _, datatype, _, derived, _, _, size, dt = _typed_buffer(np.empty(1, d), None, False)
+                if not derived:
+                    got = (datatype, size, dt)
+            except (_Native, KeyError, BufferError, ValueError, TypeError):
+                pass  # raised again, for the call's own array, by the general path
+        _PLAIN[d] = got
+    return got
+
+
+def _parse_plain(arr: np.ndarray, writable: bool, blocks: int):
+    """``parse`` of a bare numpy array, or None."""
+    t = _plain_type(arr)
+    if t is None or writable and not arr.flags.writeable:
+        return None
+    count = arr.size
+    if blocks >= 2:
+        if count % blocks:
+            return None
+        count //= blocks
+    datatype, size, dt = t
+    return _new_msg(arr.reshape(-1).view(np.uint8), count, datatype, size, dt)
+
+
+def _parse_plain_v(arr: np.ndarray, counts: list, writable: bool, blocks: int):
+    """``parse_v`` of ``[array, counts]`` (counts a list of ints: packed
+    blocks, as mpi4py lays them out), or None."""
+    t = _plain_type(arr)
+    if t is None or writable and not arr.flags.writeable or len(counts) != blocks:
+        return None
+    total = 0
+    for c in counts:
+        if type(c) is not int or c < 0:
+            return None
+        total += c
+    if total > arr.size:
+        return None
+    datatype, size, dt = t
+    return _new_msg(arr.reshape(-1).view(np.uint8)[:total * size], total, datatype, size, dt,
+                    counts=[c * size for c in counts])
+
+
 def parse(msg, writable: bool, blocks: int = 0) -> _Msg:
     """Parse an mpi4py buffer spec the way mpi4py's ``message_simple`` does
     (same accepted forms, same errors); _Native for what only MPI can do."""
+    if type(msg) is np.ndarray:
+        m = _parse_plain(msg, writable, blocks)
+        if m is not None:
+            return m
     o_buf, o_count, o_displ, o_type = _unpack_spec(msg, False)
     raw, datatype, bottom, derived, basic, n, size, dt = _typed_buffer(o_buf, o_type, writable)
 
@@ -433,6 +500,10 @@ def parse_v(msg, writable: bool, blocks: int) -> _Msg:
     counts inferred from the buffer when not given (spread over the blocks
     as mpi4py does). Returns a message whose ``raw`` holds the blocks packed
     in rank order and ``counts`` their sizes in bytes."""
+    if type(msg) in (list, tuple) and len(msg) == 2 and type(msg[0]) is np.ndarray and type(msg[1]) is list:
+        m = _parse_plain_v(msg[0], msg[1], writable, blocks)
+        if m is not None:
+            return m
     o_buf, o_counts, o_displs, o_type = _unpack_spec(msg, True)
     raw, datatype, bottom, derived, basic, n, size, dt = _typed_buffer(o_buf, o_type, writable)
     if o_counts is None:
@@ -534,3 +605,61 @@ def _in_place(s: _Msg, r: _Msg) -> bool:
     return False
 
 
+# ---- plain numpy arrays: the forms the drop-in's fast paths take as they are ----
+
+# numpy kinds whose arrays mpi4py's buffer parsing takes as they are
+# (booleans, integers, floats, complex): the data-movement fast paths.
+PLAIN_KINDS = frozenset("biufc")
+
+
+def plain(a, writable: bool) -> bool:
+    """A C-contiguous numpy array (writable if asked) of a kind mpi4py's
+    buffer parsing takes as it is: the data-movement fast paths' buffers."""
+    if type(a) is not np.ndarray or a.dtype.kind not in PLAIN_KINDS:
+        return False
+    flags = a.flags
+    return flags.c_contiguous and (flags.writeable or not writable)
+
+
+def plain_v(spec, p: int, writable: bool, like=None):
+    """(flat array, counts) of a v-form spec ``[array, counts]`` over a plain
+    array (of ``like``'s dtype when given) whose ``p`` counts (list or tuple
+    of non-negative ints, in elements) tile it exactly from the start, as
+    mpi4py lays them out; None sends the call down the general path."""
+    if type(spec) is not list and type(spec) is not tuple or len(spec) != 2:
+        return None
+    a, counts = spec
+    if not plain(a, writable) or like is not None and a.dtype != like.dtype:
+        return None
+    c = counts_key(counts)
+    if not c or len(c) != p or min(c) < 0 or sum(c) != a.size:
+        return None
+    return a.reshape(-1), c
+
+
+def apart(a, b) -> bool:
+    return not a.nbytes or not b.nbytes or not np.may_share_memory(a, b)
+
+
+def plain_rooted(comm, full, block, root, recv_side):
+    """Scatter/Gather's fast path over plain numpy arrays: ``block`` is this
+    rank's block (the receive buffer of Scatter, the send buffer of Gather),
+    ``full`` root's whole buffer (ignored elsewhere, as mpi4py does). Returns
+    ``full`` shaped ``(p,) + block.shape`` on root and None elsewhere, or
+    False when the call needs the general parsing."""
+    if type(block) is not np.ndarray or type(root) is not int or block.dtype.kind not in PLAIN_KINDS:
+        return False
+    fb = block.flags
+    if not fb.c_contiguous or recv_side and not fb.writeable:
+        return False
+    p = comm.Get_size()
+    if not 0 <= root < p:
+        return False
+    if comm.Get_rank() != root:
+        return None
+    if type(full) is not np.ndarray or full.dtype != block.dtype or full.size != p * block.size:
+        return False
+    ff = full.flags
+    if not ff.c_contiguous or not recv_side and not ff.writeable or np.may_share_memory(full, block):
+        return False
+    return full.reshape((p,) + block.shape)

@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from .comm import check_intracomm
-from .nonblocking import iallreduce
+from .api import iallreduce
 
 
 class StaleAllreduce:

@@ -38,6 +38,7 @@ from mpi4py import MPI
 import importlib
 from . import dtypes as _dtypes
 from . import model as _model
+from . import modelfit as _modelfit
 from . import ops as _ops
 from . import profile as _profile
 from .bench import allreduce as _bench
@@ -183,7 +184,7 @@ def tune(comm=None, sizes: Optional[List[int]] = None, op: str = "sum", dtype: s
 
     # 3. the model, from every native-dtype measurement, for the other p.
     fit_rows = [m for m in measurements if m.get("native_dtype", True)]
-    model = _model.fit(fit_rows) if fit_rows else None
+    model = _modelfit.fit(fit_rows) if fit_rows else None
     model_rules = []
     if model is not None and "p2p" in model.params and "mpi" in model.params:
         candidates = [a for a in _model.P2P + ("mpi",) if _alg.has("allreduce", a)]

@@ -5,11 +5,12 @@
         all-reduce runs and prints the platform figures it implies
         (loopback bandwidth = 1/beta, per-message software cost = alpha
         minus the loopback latency, per-call cost = o);
-    python sim/calibrate.py compare --platform platforms/this-machine.xml BENCH-p2.json BENCH-p3.json ...
+    python sim/calibrate.py compare --platform platforms/this-machine.xml [--ppn K] BENCH-p2.json ...
         simulates every measured (p, algorithm, size) of the files on one
-        node of the platform (ppn = p) and prints measured vs simulated as a
-        markdown table (docs/scale.md), with MPI_Allreduce's rows against
-        SMPI's MPICH selector on the same platform.
+        node of the platform (default; --ppn K: K ranks per node, e.g. 1
+        for the two-host namespace test bed) and prints measured vs
+        simulated as a markdown table (docs/scale.md), with MPI_Allreduce's
+        rows against SMPI's MPICH selector on the same platform and layout.
 
 The measurements are ``python -m mpicoll.bench allreduce --json`` files
 (sim/calibration/ holds the ones docs/scale.md quotes).
@@ -46,16 +47,16 @@ def fit(files) -> None:
     print(f'  mpicoll.call_overhead_s = {p2p.o:.3g}')
 
 
-def _native_smpi(platform, p, sizes):
-    """SMPI's MPICH-selector MPI_Allreduce on one node, per size (seconds)."""
+def _native_smpi(platform, p, ppn, sizes):
+    """SMPI's MPICH-selector MPI_Allreduce, ``ppn`` ranks per node, per size (seconds)."""
     import run_anchor
 
     exe = run_anchor.build(os.path.join(os.path.dirname(HERE), "build", "sim"))
-    rows = run_anchor.run_one(exe, platform, p, p, "mpich", "allreduce", sizes, 300)
+    rows = run_anchor.run_one(exe, platform, p, ppn, "mpich", "allreduce", sizes, 300)
     return {r["bytes"]: r["time_s"] for r in rows}
 
 
-def compare(platform, files) -> None:
+def compare(platform, files, ppn=None) -> None:
     plat = simulate.load_platform(platform)
     errs = {}
     print("| p | algorithm | " + " | ".join(["size: measured / simulated us (error)"]) + " |")
@@ -64,6 +65,7 @@ def compare(platform, files) -> None:
         with open(f) as fh:
             d = json.load(fh)
         p = d["meta"]["p"]
+        per_node = ppn or p
         by_alg = {}
         for r in d["rows"]:
             if r["mode"] == "out":
@@ -74,10 +76,10 @@ def compare(platform, files) -> None:
             for nbytes, meas in sorted(pts):
                 if alg == "MPI_Allreduce":
                     if native is None:
-                        native = _native_smpi(platform, p, sorted(b for b, _ in pts))
+                        native = _native_smpi(platform, p, per_node, sorted(b for b, _ in pts))
                     sim = native.get(nbytes)
                 else:
-                    sim = simulate.run(plat, "allreduce", alg, p, nbytes, ppn=p).time_s
+                    sim = simulate.run(plat, "allreduce", alg, p, nbytes, ppn=per_node).time_s
                 if sim is None:
                     cells.append(f"{_size(nbytes)}: {meas * 1e6:.0f} / -")
                     continue
@@ -109,12 +111,13 @@ def main(argv=None) -> int:
     f.add_argument("files", nargs="+")
     c = sub.add_parser("compare")
     c.add_argument("--platform", required=True)
+    c.add_argument("--ppn", type=int, help="ranks per node (default: all on one node)")
     c.add_argument("files", nargs="+")
     a = ap.parse_args(argv)
     if a.cmd == "fit":
         fit(a.files)
     else:
-        compare(a.platform, a.files)
+        compare(a.platform, a.files, a.ppn)
     return 0
 
 

@@ -52,12 +52,28 @@ def tables(plat, rows, native, ppn) -> str:
         out.append(f"| {s['p']} | {_size(s['bytes'])} | {best[0] + ' ' + _us(best[1]) if best else '-'} | "
                    f"{_us(s['native']['mpich'])} | {_us(s['mpi_priced'])} | {_us(s['native']['ompi'])} | {ratio} |")
     out += ["", f"| p | size | best | best time (us) | auto ({ppn} per node) | its time (us) | regret | "
-                "auto (1 per node) | its time (us) | regret |", "|---" * 10 + "|"]
+                "auto, no shm window | its time (us) | regret |", "|---" * 10 + "|"]
     for s in summary:
         out.append(f"| {s['p']} | {_size(s['bytes'])} | {s['best']} | {_us(s['best_s'])} | {s['auto']} | "
-                   f"{_us(s['auto_s'])} | {_regret(s['regret'])} | {s['auto_flat']} | {_us(s['auto_flat_s'])} | "
-                   f"{_regret(s['regret_flat'])} |")
+                   f"{_us(s['auto_s'])} | {_regret(s['regret'])} | {s['auto_no_shm']} | {_us(s['auto_no_shm_s'])} | "
+                   f"{_regret(s['regret_no_shm'])} |")
     return "\n".join(out)
+
+
+def load_rows(files, error):
+    """(rows, ranks per node) of ``python -m mpicoll.simulate --json`` files,
+    merged: a later file's simulated cell replaces an earlier file's skipped
+    one. ``error(message)`` for files of different layouts."""
+    rows, ppn = [], None
+    for file in files:
+        with open(file) as f:
+            d = json.load(f)
+        if ppn is not None and d["ppn"] != ppn:
+            error(f"{file}: {d['ppn']} ranks per node, the others {ppn}")
+        ppn = d["ppn"]
+        done = {(r["p"], r["bytes"], r["algorithm"]) for r in d["rows"] if r["time_s"] is not None}
+        rows = [r for r in rows if (r["p"], r["bytes"], r["algorithm"]) not in done] + d["rows"]
+    return rows, ppn
 
 
 def main(argv=None) -> int:
@@ -68,16 +84,7 @@ def main(argv=None) -> int:
     ap.add_argument("--native", nargs="*", default=[], help="sim/run_anchor.py --json outputs")
     ap.add_argument("--profile-out", help="also write the tuning profile of the simulated best")
     a = ap.parse_args(argv)
-    rows, ppn = [], None
-    for file in a.mpicoll:
-        with open(file) as f:
-            d = json.load(f)
-        if ppn is not None and d["ppn"] != ppn:
-            ap.error(f"{file}: {d['ppn']} ranks per node, the others {ppn}")
-        ppn = d["ppn"]
-        # A later file's simulated cell replaces an earlier file's skipped one.
-        done = {(r["p"], r["bytes"], r["algorithm"]) for r in d["rows"] if r["time_s"] is not None}
-        rows = [r for r in rows if (r["p"], r["bytes"], r["algorithm"]) not in done] + d["rows"]
+    rows, ppn = load_rows(a.mpicoll, ap.error)
     natives = [x for x in a.native if os.path.exists(x)]
     plat, native = simulate.load_platform(a.platform), simulate.load_native(natives)
     print(tables(plat, rows, native, ppn))

@@ -22,9 +22,10 @@ FLOAT_DTYPES = [d.name for d in _dtypes.ALL if d.is_float]
 def np_dtype(name):
     """numpy dtype used to hold values of ``name`` in references (bf16 -> ml_dtypes)."""
     if name == "bfloat16":
-        if _dtypes.BFLOAT16_NUMPY is None:
+        bf16 = _dtypes.bfloat16_numpy()
+        if bf16 is None:
             pytest.skip("ml_dtypes not installed")
-        return _dtypes.BFLOAT16_NUMPY
+        return bf16
     return np.dtype(name)
 
 
@@ -95,3 +96,46 @@ def assert_identical_everywhere(comm, *arrays, what=""):
     digests = comm.allgather(h.hexdigest())
     odd = [r for r, d in enumerate(digests) if d != digests[0]]
     assert not odd, f"ranks {odd} hold different bits from rank 0{': ' + what if what else ''}"
+
+
+# ---- shared by the plan-cache tests (test_plan_cache.py, test_dropin_kept.py) ----
+
+@pytest.fixture
+def comm():
+    """A private duplicate of COMM_WORLD, freed after the test."""
+    from mpi4py import MPI
+
+    c = MPI.COMM_WORLD.Dup()
+    yield c
+    c.Free()
+
+
+@pytest.fixture
+def builds(monkeypatch):
+    """Counts of full-path plan builds per collective (a kept plan builds none)."""
+    from mpicoll import plan as _plan
+
+    counts = {}
+    for name in ("allreduce", "bcast", "reduce", "allgather", "scatter", "gather", "alltoall", "reduce_scatter",
+                 "allgatherv", "alltoallv"):
+        real = getattr(_plan, name)
+
+        def counting(*args, _real=real, _name=name, **kw):
+            counts[_name] = counts.get(_name, 0) + 1
+            return _real(*args, **kw)
+        monkeypatch.setattr(_plan, name, counting)
+    return counts
+
+
+def pytest_ignore_collect(collection_path, config):
+    """Under ``mpiexec -n P pytest --with-mpi -m mpi`` (make test-mpi) only
+    the files that hold MPI tests are collected: every rank of every process
+    count would otherwise import the serial-only files (ml_dtypes, the
+    simulators, ...) only to deselect all of their tests. A file holds MPI
+    tests when it says ``pytest.mark.mpi`` (on a test or as ``pytestmark``)."""
+    if not (config.getoption("with_mpi", False) and config.getoption("markexpr", "") == "mpi"):
+        return None
+    if collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
+        if "pytest.mark.mpi" not in collection_path.read_text():
+            return True
+    return None

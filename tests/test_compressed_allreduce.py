@@ -10,7 +10,7 @@ import mpicoll
 from conftest import assert_identical_everywhere
 from mpicoll import compression as C
 from mpicoll.algorithms.common import block_bounds
-from mpicoll.plan import reduction as _reduction
+from mpicoll.arguments import reduction as _reduction
 from mpicoll.algorithms import get as get_algorithm
 from mpicoll.bench.wire import counting
 from mpicoll.comm import state

@@ -481,7 +481,7 @@ def test_bcast_every_form(comm):
 
 # ---- Iallreduce ----------------------------------------------------------------------
 
-@pytest.mark.parametrize("algorithm", mpicoll.nonblocking.names())
+@pytest.mark.parametrize("algorithm", mpicoll.algorithms("allreduce"))
 def test_iallreduce_forms_and_outstanding(comm, algorithm):
     """Every Allreduce form as Iallreduce, all outstanding at once on one
     communicator, completed in a rank-dependent order."""

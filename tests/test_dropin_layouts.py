@@ -12,11 +12,11 @@ that did not finish, instead of hanging.
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
 
 import pytest
+
+from mpijob import run_job
 
 from dropin_layout_case import CASES
 
@@ -30,15 +30,8 @@ HARD_S = 120
 
 def run_cases(cases, p: int):
     cmd = [MPIEXEC, *MPIEXEC_FLAGS, "-n", str(p), sys.executable, "-m", "mpi4py", CASE_SCRIPT, *cases]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=HARD_S)
-        return proc.returncode, out
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # mpiexec and its ranks
-        out, _ = proc.communicate()
-        return None, out
+    rc, out, where = run_job(cmd, HARD_S, merge=True)
+    return rc, out + where
 
 
 @pytest.mark.parametrize("p", [2, 3])
@@ -46,5 +39,5 @@ def test_rank_local_layouts_run_on_mpicoll_everywhere(p):
     cases = sorted(CASES)
     rc, out = run_cases(cases, p)
     unfinished = [c for c in cases if f"{c}: OK at p={p}" not in out]
-    assert rc is not None, f"hung at p={p} (killed after {HARD_S} s) in {unfinished[0]}:\n{out[-3000:]}"
+    assert rc is not None, f"hung at p={p} (killed after {HARD_S} s) in {unfinished[0]}:\n{out[-8000:]}"
     assert rc == 0 and not unfinished, f"failed at p={p}: {unfinished}\n{out[-3000:]}"

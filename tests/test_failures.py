@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 import textwrap
 import time
 
 import pytest
+
+from mpijob import run_job
 
 BIN = os.path.dirname(sys.executable)
 MPIEXEC = os.path.join(BIN, "mpiexec")
@@ -31,11 +32,28 @@ SCRIPT = textwrap.dedent("""
     import numpy as np
     from mpi4py import MPI
     import mpicoll
+    import mpicoll.executor
     from mpicoll import kernels
 
     how, algorithm = sys.argv[1], sys.argv[2]
     comm = MPI.COMM_WORLD
     current = [0]  # which all-reduce the loop below is in
+    if how == "timer":
+        # Rank 1 dies from a timer thread while every rank loops over a
+        # compilable all-reduce: the later calls run in the C executor
+        # (kept plan), so the death lands inside its MPI_Waitall.
+        import threading
+        if comm.rank == 1:
+            threading.Timer(2.0, lambda: (print("rank 1 killed by its timer", flush=True),
+                                          os.kill(os.getpid(), signal.SIGKILL))).start()
+        x = np.ones(1 << 10, np.float32)
+        for i in range(10 ** 7):
+            mpicoll.allreduce(x, comm=comm, algorithm=algorithm)
+        print("survived", flush=True)
+        sys.exit(0)
+    # The failure below is injected through Python's Reduction.combine, which
+    # the C executor does not call: keep every call on the generators.
+    mpicoll.executor.set_enabled(False)
     if comm.rank == 1:
         calls = [0]
         combine = kernels.Reduction.combine
@@ -67,27 +85,41 @@ def test_failing_rank_ends_job(tmp_path, how, algorithm):
     script = tmp_path / "fail.py"
     script.write_text(SCRIPT)
     t0 = time.monotonic()
-    try:
-        proc = subprocess.run([MPIEXEC, *MPIEXEC_FLAGS, "-n", "3", sys.executable, "-m", "mpi4py", str(script), how,
-                               algorithm],
-                              capture_output=True, text=True, timeout=BOUND_S)
-    except subprocess.TimeoutExpired as exc:  # pragma: no cover - the failure this test exists for
-        pytest.fail(f"mpiexec still running after {BOUND_S} s: the job hung ({exc.stdout!r})")
+    rc, stdout, stderr = run_job([MPIEXEC, *MPIEXEC_FLAGS, "-n", "3", sys.executable, "-m", "mpi4py", str(script), how,
+                                 algorithm], BOUND_S)
+    assert rc is not None, f"mpiexec still running after {BOUND_S} s: the job hung\n{(stdout + stderr)[-8000:]}"
     elapsed = time.monotonic() - t0
-    out = proc.stdout + proc.stderr
-    assert proc.returncode != 0, out
-    assert "survived" not in proc.stdout
+    out = stdout + stderr
+    assert rc != 0, out
+    assert "survived" not in stdout
     # Evidence that the job ended for the intended reason, not for any
     # failure at all (an import error exits non-zero too): rank 1 failed
     # inside an all-reduce, every rank had entered that all-reduce and none
     # left it, and the failure reported is rank 1's.
-    m = re.search(rf"rank 1 fails at combine 3 in allreduce (\d) \({how}\)", proc.stdout)
+    m = re.search(rf"rank 1 fails at combine 3 in allreduce (\d) \({how}\)", stdout)
     assert m, out
     for r in range(3):
-        assert f"rank {r} enters allreduce {m[1]}" in proc.stdout, out
-        assert f"rank {r} left allreduce {m[1]}" not in proc.stdout, out
+        assert f"rank {r} enters allreduce {m[1]}" in stdout, out
+        assert f"rank {r} left allreduce {m[1]}" not in stdout, out
     if how == "raise":
-        assert "RuntimeError: rank 1 fails mid-collective" in proc.stderr, out
+        assert "RuntimeError: rank 1 fails mid-collective" in stderr, out
     else:
         assert "signal 9" in out.lower() or "killed" in out.lower(), out
-    print(f"{how}/{algorithm}: exit {proc.returncode} after {elapsed:.1f} s")
+    print(f"{how}/{algorithm}: exit {rc} after {elapsed:.1f} s")
+
+
+def test_rank_killed_inside_the_executor_ends_job(tmp_path):
+    from mpicoll import executor
+    if not os.path.exists(MPIEXEC):
+        pytest.skip("no mpiexec next to sys.executable")
+    if not executor.available():
+        pytest.skip(executor.why_not())
+    script = tmp_path / "fail.py"
+    script.write_text(SCRIPT)
+    rc, stdout, stderr = run_job([MPIEXEC, *MPIEXEC_FLAGS, "-n", "3", sys.executable, "-m", "mpi4py", str(script),
+                                 "timer", "recursive_doubling"], BOUND_S)
+    assert rc is not None, f"mpiexec still running after {BOUND_S} s: the job hung\n{(stdout + stderr)[-8000:]}"
+    out = stdout + stderr
+    assert rc != 0, out
+    assert "rank 1 killed by its timer" in stdout, out
+    assert "survived" not in stdout, out

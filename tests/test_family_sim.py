@@ -1,12 +1,12 @@
 """Every point-to-point schedule of scatter, gather, allgatherv, alltoall and
-alltoallv, on p = 1..9 simulated ranks (schedule.simulate, no MPI)."""
+alltoallv, on p = 1..9 simulated ranks (counting.simulate, no MPI)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from mpicoll import algorithms as alg
-from mpicoll import schedule
+from mpicoll import counting
 from mpicoll.algorithms.common import counts_to_bounds
 
 P2P = {c: [n for n in alg.names(c) if n not in ("auto", "mpi")]
@@ -36,7 +36,7 @@ def test_scatter(p, root_of, name, equal):
     bounds = counts_to_bounds(_counts(p, p, equal))
     full = _data(99, bounds[-1][1])
     bufs = [full.copy() if r == root else np.zeros(b - a, np.uint8) for r, (a, b) in enumerate(bounds)]
-    schedule.simulate(p, lambda ctx, s: alg.get("scatter", name).schedule(ctx, bufs[ctx.rank], bounds, root))
+    counting.simulate(p, lambda ctx, s: alg.get("scatter", name).schedule(ctx, bufs[ctx.rank], bounds, root))
     for r, (a, b) in enumerate(bounds):
         got = bufs[r][a:b] if r == root else bufs[r]
         np.testing.assert_array_equal(got, full[a:b])
@@ -55,7 +55,7 @@ def test_gather(p, root_of, name, equal):
     a, b = bounds[root]
     bufs[root] = np.zeros(bounds[-1][1], np.uint8)
     bufs[root][a:b] = _data(root, b - a)
-    schedule.simulate(p, lambda ctx, s: alg.get("gather", name).schedule(ctx, bufs[ctx.rank], bounds, root))
+    counting.simulate(p, lambda ctx, s: alg.get("gather", name).schedule(ctx, bufs[ctx.rank], bounds, root))
     np.testing.assert_array_equal(bufs[root], want)
 
 
@@ -69,7 +69,7 @@ def test_allgatherv(p, name):
         x = np.zeros(bounds[-1][1], np.uint8)
         x[a:b] = want[a:b]
         bufs.append(x)
-    schedule.simulate(p, lambda ctx, s: alg.get("allgatherv", name).schedule(ctx, bufs[ctx.rank], bounds))
+    counting.simulate(p, lambda ctx, s: alg.get("allgatherv", name).schedule(ctx, bufs[ctx.rank], bounds))
     for x in bufs:
         np.testing.assert_array_equal(x, want)
 
@@ -88,7 +88,7 @@ def test_alltoall(p, coll, name, block):
     dst = [np.zeros(sum(counts[i][j] for i in range(p)), np.uint8) for j in range(p)]
     sb = [counts_to_bounds(counts[i]) for i in range(p)]
     rb = [counts_to_bounds([counts[i][j] for i in range(p)]) for j in range(p)]
-    stats = schedule.simulate(p, lambda ctx, s: alg.get(coll, name).schedule(
+    stats = counting.simulate(p, lambda ctx, s: alg.get(coll, name).schedule(
         ctx, src[ctx.rank], dst[ctx.rank], sb[ctx.rank], rb[ctx.rank]))
     for j in range(p):
         for i in range(p):
@@ -109,3 +109,24 @@ def test_auto_rule_names_registered_algorithms(coll):
             assert alg.has(coll, c.name) and c.reason
             if nbytes < 0:  # a rule for unknown sizes is the same for every size
                 assert c.name == select.family(coll, p, -1).name
+
+
+def test_renamed_algorithms_still_accepted_with_a_warning():
+    """scatter/gather's "binomial" is "tree" (as for allreduce, bcast, reduce),
+    the all-to-all "ring" is "shift": the old names still work, warn, and
+    resolve to the new ones; names() lists only today's."""
+    import warnings
+
+    from mpicoll import algorithms as alg
+    from mpicoll import plan
+
+    for coll, old, new in (("scatter", "binomial", "tree"), ("gather", "binomial", "tree"),
+                           ("alltoall", "ring", "shift"), ("alltoallv", "ring", "shift")):
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            assert alg.get(coll, old) is alg.get(coll, new)
+            assert plan.requested(coll, old, None) == new
+            assert plan.requested(coll, "auto", old) == new  # MPICOLL_ALGORITHM=old
+        assert any(issubclass(x.category, DeprecationWarning) and repr(new) in str(x.message) for x in w)
+        assert old not in alg.names(coll) and new in alg.names(coll) and alg.has(coll, old)
+    assert not alg.has("allreduce", "binomial") and alg.get("allgatherv", "ring").name == "ring"

@@ -1,5 +1,5 @@
 """The C kernels against numpy, without MPI: every (op, dtype), awkward
-lengths, misaligned views, aliasing, special floats, and the casts."""
+lengths, offset views, aliasing, special floats, and the casts."""
 from __future__ import annotations
 
 import numpy as np
@@ -53,8 +53,11 @@ def test_every_op_matches_numpy(name):
 
 
 @pytest.mark.parametrize("name", ["int8", "int64", "uint16", "float16", "bfloat16", "float32", "float64"])
-def test_in_place_and_misaligned(name):
-    """dst aliasing a or b, and views starting one element into an array."""
+def test_in_place_and_offset_views(name):
+    """dst aliasing a or b, and views starting one element into an array
+    (element-aligned: the kernels refuse a view at a byte offset, see
+    test_misaligned_or_wrong_itemsize_views_are_refused; the public calls
+    stage such views, tests/test_user_buffers.py's misaligned cases)."""
     rng = np.random.default_rng(2)
     for n in (1, 17, 4099):
         base_a = random_values(name, n + 1, rng, specials=False)

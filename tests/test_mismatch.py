@@ -110,19 +110,26 @@ def test_check_argument_and_agreeing_calls():
 
 
 @needs2
+@pytest.mark.parametrize("driver", ["blocking", "nonblocking"])
 @pytest.mark.parametrize("extra", [-3, 3])
-def test_receive_size_check(extra):
-    """The always-on check: a short message and a long (truncated) one both
-    raise MismatchError on the receiving rank; the sender is unaffected."""
+def test_receive_size_check(extra, driver):
+    """The always-on check of both drivers: a short message and a long
+    (truncated) one both raise MismatchError on the receiving rank; the
+    sender is unaffected."""
+    from mpicoll import engine
+
     st = state(comm)
 
-    def run(tag, *make):  # one batch of the schedule driver's operations
+    def run(tag, *make):  # one batch of the driver's operations
         ctx = schedule.Context(st, tag, {})
 
         def gen():
             yield [m(ctx) for m in make]
 
-        schedule.run(gen())
+        if driver == "blocking":
+            schedule.run(gen())
+        else:
+            engine.start(gen()).wait()
 
     if comm.rank == 1:
         buf = np.zeros(8, np.uint8)

@@ -1,6 +1,6 @@
 """The cost model's terms equal what the simulated driver counts.
 
-``mpicoll.schedule.simulate`` runs every rank's schedule of an algorithm in
+``mpicoll.counting.simulate`` runs every rank's schedule of an algorithm in
 one process, without MPI, matching sends to receives, and counts per rank
 the messages and bytes sent and the bytes combined. ``model.terms`` gives
 the largest of each over the ranks in closed form (it prices algorithms at
@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mpicoll import dtypes, model, ops, schedule
+from mpicoll import counting, dtypes, model, ops
 from mpicoll.algorithms import get
 from mpicoll.kernels import Reduction
 
@@ -42,9 +42,9 @@ def simulated(algorithm, p, count, dtype_name, **knobs):
     sched = get("allreduce", algorithm).schedule
 
     def make(ctx, stats):
-        return sched(ctx, outs[ctx.rank], schedule.CountingReduction(red, stats), None, **knobs)
+        return sched(ctx, outs[ctx.rank], counting.CountingReduction(red, stats), None, **knobs)
 
-    return schedule.simulate(p, make), outs, inputs
+    return counting.simulate(p, make), outs, inputs
 
 
 def check(algorithm, p, count, itemsize, **knobs):
@@ -111,4 +111,4 @@ def test_simulation_detects_a_deadlock():
         return gen()
 
     with pytest.raises(RuntimeError, match="deadlock"):
-        schedule.simulate(3, make)
+        counting.simulate(3, make)

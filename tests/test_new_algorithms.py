@@ -1,5 +1,5 @@
 """Issue 20's new algorithms (k-nomial tree, cascade, heterogeneity-aware
-ring) on simulated ranks (schedule.simulate, no MPI): every p = 1..33,
+ring) on simulated ranks (counting.simulate, no MPI): every p = 1..33,
 awkward counts (0, fewer elements than ranks, not divisible by p), a sample
 of every op and dtype; results equal numpy's and every rank holds the same
 bits. The ``-m mpi`` tests at the end run them through the public API
@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mpicoll import dtypes, ops, schedule
+from mpicoll import counting, dtypes, ops, schedule
 from mpicoll.algorithms import get
 from mpicoll.kernels import Reduction
 
@@ -73,9 +73,9 @@ def run_allreduce(name, inputs, dt, op="sum", out_of_place=False, **knobs):
 
     def make(ctx, stats):
         src = inputs[ctx.rank] if out_of_place else None
-        return sched(ctx, outs[ctx.rank], schedule.CountingReduction(red, stats), src, **knobs)
+        return sched(ctx, outs[ctx.rank], counting.CountingReduction(red, stats), src, **knobs)
 
-    return outs, schedule.simulate(p, make)
+    return outs, counting.simulate(p, make)
 
 
 def assert_allreduced(outs, want, what):
@@ -127,7 +127,7 @@ def test_knomial_same_bits_on_every_rank(p):
     np.testing.assert_allclose(outs[0], np.sum(inputs, axis=0), rtol=1e-12)
 
 
-class _Recorder(schedule._Network):
+class _Recorder(counting._Network):
     """The simulated network, also logging every message (source, dest, bytes) in posting order."""
 
     log: list = []
@@ -139,18 +139,18 @@ class _Recorder(schedule._Network):
 
 
 def _messages(monkeypatch, coll, name, p, root, **knobs):
-    monkeypatch.setattr(schedule, "_Network", _Recorder)
+    monkeypatch.setattr(counting, "_Network", _Recorder)
     _Recorder.log = []
     dt = dtypes.BY_NAME["int32"]
     bufs = [np.arange(5, dtype=np.int32) + r for r in range(p)]
     red = Reduction(ops.resolve("sum"), dt)
     sched = get(coll, name).schedule
     if coll == "bcast":
-        schedule.simulate(p, lambda ctx, s: sched(ctx, bufs[ctx.rank], root, **knobs))
+        counting.simulate(p, lambda ctx, s: sched(ctx, bufs[ctx.rank], root, **knobs))
     elif coll == "reduce":
-        schedule.simulate(p, lambda ctx, s: sched(ctx, bufs[ctx.rank], red, root, **knobs))
+        counting.simulate(p, lambda ctx, s: sched(ctx, bufs[ctx.rank], red, root, **knobs))
     else:
-        schedule.simulate(p, lambda ctx, s: sched(ctx, bufs[ctx.rank], red, None, **knobs))
+        counting.simulate(p, lambda ctx, s: sched(ctx, bufs[ctx.rank], red, None, **knobs))
     return sorted(_Recorder.log), bufs
 
 
@@ -171,11 +171,11 @@ def test_knomial_reduce_and_bcast_any_root(p, radix):
     for root in sorted({0, p - 1, p // 2}):
         bufs = [np.arange(9, dtype=np.int64) * (r + 1) for r in range(p)]
         want = np.sum(bufs, axis=0)
-        schedule.simulate(p, lambda ctx, s: get("reduce", "knomial").schedule(ctx, bufs[ctx.rank], red, root,
+        counting.simulate(p, lambda ctx, s: get("reduce", "knomial").schedule(ctx, bufs[ctx.rank], red, root,
                                                                                radix=radix))
         np.testing.assert_array_equal(bufs[root], want)
         bufs = [np.zeros(9, np.int64) if r != root else np.arange(9, dtype=np.int64) + 5 for r in range(p)]
-        schedule.simulate(p, lambda ctx, s: get("bcast", "knomial").schedule(ctx, bufs[ctx.rank], root, radix=radix))
+        counting.simulate(p, lambda ctx, s: get("bcast", "knomial").schedule(ctx, bufs[ctx.rank], root, radix=radix))
         for b in bufs:
             np.testing.assert_array_equal(b, np.arange(9) + 5)
 
@@ -260,7 +260,7 @@ def test_cascade_same_bits_on_every_rank(p, ppn):
 
 def inter_node_traffic(monkeypatch, name, p, node_size, count, **knobs):
     """Per rank (messages, bytes) sent to other nodes, simulated."""
-    monkeypatch.setattr(schedule, "_Network", _Recorder)
+    monkeypatch.setattr(counting, "_Network", _Recorder)
     _Recorder.log = []
     dt = dtypes.BY_NAME["float32"]
     outs, _ = run_allreduce(name, [np.ones(count, np.float32)] * p, dt, **knobs)
@@ -342,7 +342,7 @@ def test_hetero_ring_same_bits_on_every_rank(p):
 def test_hetero_ring_equal_weights_is_the_ring(monkeypatch, p):
     runs = []
     for name, knobs in (("ring", {}), ("hetero_ring", {}), ("hetero_ring", {"weights": [2.0] * p})):
-        monkeypatch.setattr(schedule, "_Network", _Recorder)
+        monkeypatch.setattr(counting, "_Network", _Recorder)
         _Recorder.log = []
         inputs = [np.arange(50, dtype=np.int32) + r for r in range(p)]
         run_allreduce(name, inputs, dtypes.BY_NAME["int32"], **knobs)
@@ -442,12 +442,12 @@ def test_model_terms_equal_simulated_counts(name, p):
 
 
 def test_model_lists_the_new_algorithms(capsys, tmp_path):
-    from mpicoll import model, profile
+    from mpicoll import model, model_cli, profile
 
     prof = str(tmp_path / "profile.json")
     params = model.Params(1e-5, 2e-6, 1e-10, 1e-10)
     profile.save(profile.Profile([], model=model.Model({"p2p": params, "mpi": params}, {})), prof)
-    assert model.main(["--profile", prof, "--p", "64", "--sizes", "8,16777216"]) == 0
+    assert model_cli.main(["--profile", prof, "--p", "64", "--sizes", "8,16777216"]) == 0
     out = capsys.readouterr().out
     for name in ("knomial", "cascade", "hetero_ring"):
         assert name in out, out
@@ -470,6 +470,7 @@ def _mpi_inputs(p, n, dtype, op):
 
 def _run_mpi(comm, name, knobs, x, dt, op, mode):
     from mpicoll import plan as _plan
+    from mpicoll.persistent import Persistent
 
     if knobs.get("weights") == "ramp":  # uneven blocks, the same list on every rank
         knobs = dict(knobs, weights=[1 + 2 * r for r in range(comm.size)])
@@ -479,7 +480,7 @@ def _run_mpi(comm, name, knobs, x, dt, op, mode):
         return _plan.allreduce(x, knobs=knobs, **kw).run()
     if mode == "nonblocking":
         return _plan.allreduce(x, knobs=knobs, nonblocking=True, **kw).start().wait()
-    req = _plan.Persistent(_plan.allreduce(x, knobs=knobs, nonblocking=True, **kw))
+    req = Persistent(_plan.allreduce(x, knobs=knobs, nonblocking=True, **kw))
     try:
         out = None
         for _ in range(2):  # twice: a persistent request runs again with the bound buffers

@@ -10,21 +10,21 @@ from mpi4py import MPI
 
 import mpicoll
 from conftest import assert_identical_everywhere, exact_values, reference
-from mpicoll import nonblocking
+from mpicoll import engine
 
 pytestmark = pytest.mark.mpi
 
-ALGORITHMS = nonblocking.names()
+ALGORITHMS = mpicoll.algorithms("allreduce")
 
 
 @pytest.fixture(params=["thread", "no-thread"])
 def progress_mode(request):
     """Runs a test with the progress thread on, then off (collectively: every
     rank switches at the same point, between operations)."""
-    was = nonblocking._engine.enabled
-    nonblocking.set_progress_thread(request.param == "thread")
+    was = engine._engine.enabled
+    engine.set_progress_thread(request.param == "thread")
     yield request.param
-    nonblocking.set_progress_thread(was)
+    engine.set_progress_thread(was)
 
 
 def counts_for(p):
@@ -56,8 +56,8 @@ def test_iallreduce_without_progress_thread(algorithm):
     """The state machines advanced only by wait()/test() calls."""
     comm = MPI.COMM_WORLD
     p, rank = comm.size, comm.rank
-    was = nonblocking._engine.enabled
-    nonblocking.set_progress_thread(False)
+    was = engine._engine.enabled
+    engine.set_progress_thread(False)
     try:
         for n in counts_for(p):
             inputs = [exact_values("float32", "sum", n, 5 * r + 1) for r in range(p)]
@@ -66,7 +66,7 @@ def test_iallreduce_without_progress_thread(algorithm):
                 pass
             np.testing.assert_array_equal(req.wait(), reference(inputs, "sum", p), err_msg=f"n={n}")
     finally:
-        nonblocking.set_progress_thread(was)
+        engine.set_progress_thread(was)
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
@@ -139,18 +139,41 @@ def test_bad_arguments_raise_before_any_message():
 
 
 def test_progress_thread_switch():
+    """The switch really starts and stops the background progress: with it
+    on, a multi-step schedule completes while this rank only sleeps (and
+    the thread is there); with it off, the same schedule stays where its
+    first step left it until wait() drives it."""
     if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
         pytest.skip("MPI without MPI_THREAD_MULTIPLE: no progress thread")
-    was = nonblocking._engine.enabled
+    import threading
+    import time
+
+    comm = MPI.COMM_WORLD
+    x = np.ones(1 << 18, np.float32)  # 1 MiB: the generator under the engine, several ring steps
+    was = engine._engine.enabled
     try:
-        nonblocking.set_progress_thread(True)
-        assert nonblocking.progress_thread_active()
-        req = mpicoll.iallreduce(np.ones(10, np.int64), algorithm="ring")
-        assert (req.wait() == MPI.COMM_WORLD.size).all()
-        nonblocking.set_progress_thread(False)
-        assert not nonblocking.progress_thread_active()
+        engine.set_progress_thread(True)
+        assert engine.progress_thread_active()
+        req = mpicoll.iallreduce(x, algorithm="ring", comm=comm)
+        end = time.monotonic() + 30
+        while not req.done and time.monotonic() < end:
+            time.sleep(0.01)  # neither test() nor wait()
+        assert req.done, "the progress thread did not complete the operation"
+        if comm.size > 1:  # (one rank: done at start, no thread needed)
+            assert any(t.name == "mpicoll-progress" and t.is_alive() for t in threading.enumerate())
+        assert (req.wait() == comm.size).all()
+
+        engine.set_progress_thread(False)
+        assert not engine.progress_thread_active()
+        comm.Barrier()
+        req = mpicoll.iallreduce(x, algorithm="ring", comm=comm)
+        time.sleep(0.3)
+        stalled = not req.done
+        assert (req.wait() == comm.size).all()
+        if comm.size > 1:  # (one rank: nothing to exchange, done at start)
+            assert stalled, "the operation advanced with the progress thread off"
     finally:
-        nonblocking.set_progress_thread(was)
+        engine.set_progress_thread(was)
 
 
 def test_progress_thread_advances_without_test_calls():
@@ -161,8 +184,8 @@ def test_progress_thread_advances_without_test_calls():
     import time
 
     comm = MPI.COMM_WORLD
-    was = nonblocking._engine.enabled
-    nonblocking.set_progress_thread(True)
+    was = engine._engine.enabled
+    engine.set_progress_thread(True)
     try:
         for algorithm in ("ring", "recursive_doubling"):
             req = mpicoll.iallreduce(np.ones(50_000, np.float32), algorithm=algorithm)
@@ -172,7 +195,7 @@ def test_progress_thread_advances_without_test_calls():
             assert req.done, f"{algorithm}: the progress thread did not complete the operation"
             assert (req.wait() == comm.size).all()
     finally:
-        nonblocking.set_progress_thread(was)
+        engine.set_progress_thread(was)
 
 
 def test_short_operations_wait_for_a_wake_up_and_a_callback_can_skip_it():
@@ -183,13 +206,12 @@ def test_short_operations_wait_for_a_wake_up_and_a_callback_can_skip_it():
         pytest.skip("MPI without MPI_THREAD_MULTIPLE: no progress thread")
     import time
 
-    from mpicoll import engine
 
     comm = MPI.COMM_WORLD
     if comm.size == 1:
         pytest.skip("one rank: operations complete when they start")
-    was = nonblocking._engine.enabled
-    nonblocking.set_progress_thread(True)
+    was = engine._engine.enabled
+    engine.set_progress_thread(True)
 
     def completes_alone(req, seconds):
         deadline = time.monotonic() + seconds
@@ -198,40 +220,100 @@ def test_short_operations_wait_for_a_wake_up_and_a_callback_can_skip_it():
         return req.done
 
     def thread_asleep():
+        """Whether the progress thread is asleep with nothing outstanding
+        (waited for up to 60 s), on every rank."""
         mpicoll.iallreduce(np.ones(8, np.float32), algorithm="ring").wait()  # the thread exists
         deadline = time.monotonic() + 60
-        while not nonblocking._engine.sleeping and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
+            with engine._engine.lock:
+                idle = engine._engine.sleeping and not engine._engine.active
+                outstanding = len(engine._engine.active)
+            if idle:
+                break
             time.sleep(0.001)
-        comm.Barrier()
+        states = comm.allgather((idle, outstanding))
+        return all(i for i, _ in states), states
 
+    # Every rank runs every step and the verdicts are compared together, so
+    # a rank whose check fails does not leave the other waiting in the next
+    # collective.
+    # "Does not wake the thread" is a cost property, not a result: a thread
+    # already stirring (its own bookkeeping of the previous call) may pick
+    # the request up, which is harmless and happened in about 1 run in 6.
+    # So it is tried up to 3 times and must hold at least once on every
+    # rank together; drive() and the callbacks must hold every time.
+    attempts = []
     try:
-        fired = []
-        thread_asleep()
-        req = mpicoll.iallreduce(np.ones(8, np.float32), algorithm="ring")  # 32 B: no wake-up
-        req.add_done_callback(fired.append, wake=False)
-        assert not completes_alone(req, 0.5), "a short operation woke the progress thread"
-        engine.drive(req, 0.0)  # one round of progress here, then the thread's
-        assert completes_alone(req, 60) and fired == [req]
-        thread_asleep()
-        req = mpicoll.iallreduce(np.ones(8, np.float32), algorithm="ring")
-        req.add_done_callback(fired.append)  # wake=True: someone relies on the callback
-        assert completes_alone(req, 60) and fired[-1] is req
+        for _ in range(3):
+            fired = []
+            asleep, states = thread_asleep()
+            req = mpicoll.iallreduce(np.ones(8, np.float32), algorithm="ring")  # 32 B: no wake-up
+            req.add_done_callback(fired.append, wake=False)
+            alone = completes_alone(req, 0.5)
+            engine.drive(req, 0.0)  # one round of progress here, then the thread's
+            handed_over = completes_alone(req, 60) and fired == [req]
+            thread_asleep()
+            req = mpicoll.iallreduce(np.ones(8, np.float32), algorithm="ring")
+            req.add_done_callback(fired.append)  # wake=True: someone relies on the callback
+            woken = completes_alone(req, 60) and fired[-1] is req
+            verdicts = comm.allgather((alone, handed_over, woken))
+            attempts.append((asleep, states, verdicts))
+            assert all(h for _, h, _ in verdicts), f"drive() did not hand the operation to the thread: {verdicts}"
+            assert all(w for _, _, w in verdicts), f"a callback with wake=True did not wake the thread: {verdicts}"
+            if asleep and not any(a for a, _, _ in verdicts):
+                break
     finally:
         comm.Barrier()
-        nonblocking.set_progress_thread(was)
+        engine.set_progress_thread(was)
+    if not any(asleep for asleep, _, _ in attempts):
+        # The premise: no thread awake for other work (states: idle, outstanding).
+        pytest.skip(f"a progress thread stayed awake with other requests: {[s for _, s, _ in attempts]}")
+    assert any(asleep and not any(a for a, _, _ in v) for asleep, _, v in attempts), \
+        f"a short operation woke the progress thread in every attempt: {attempts}"
 
 
-@pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling"])
+def _simulated(algorithm, xs):
+    """Every rank's all-reduce of ``xs`` by ``algorithm``'s schedule, run by
+    the simulated driver: all ranks in this process, no MPI."""
+    from mpicoll import counting, dtypes, kernels, ops, registry
+
+    red = kernels.Reduction(ops.resolve("sum"), dtypes.BY_NAME["float32"])
+    bufs = [x.copy() for x in xs]
+    counting.simulate(len(xs), lambda ctx, s: registry.get("allreduce", algorithm).schedule(ctx, bufs[ctx.rank],
+                                                                                            red, None))
+    return bufs
+
+
+def _order_sensitive(n, p):
+    """float32 vectors whose sum's bits depend on the order of the additions
+    (magnitudes 1e-3 to 1e3 across ranks), the same on every rank."""
+    return [(np.random.default_rng(1000 * n + r).standard_normal(n) * 10.0 ** (r % 7 - 3)).astype(np.float32)
+            for r in range(p)]
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling", "rabenseifner", "tree", "knomial"])
 def test_same_bits_as_the_blocking_algorithm(algorithm):
-    """The state machines follow the blocking schedules: same order of
-    floating-point additions, so the same bits."""
+    """The blocking driver (the generator at the first call, then the kept
+    plan's compiled program), the nonblocking driver and the simulated
+    driver - a third run of the same schedule, in one process and without
+    MPI, independent of the two under test - give the same bits, for counts
+    0, 1, p-1 and not divisible by p. The data make the order of the
+    additions show in the bits: at p >= 3 another schedule's result differs
+    (checked), so agreement is not an accident of the data."""
     comm = MPI.COMM_WORLD
-    rng = np.random.default_rng(comm.rank + 99)
-    for n in (5, 1001, 70001):
-        x = rng.standard_normal(n).astype(np.float32)
-        a = mpicoll.allreduce(x, algorithm=algorithm)
-        b = mpicoll.iallreduce(x, algorithm=algorithm).wait()
-        assert a.tobytes() == b.tobytes(), f"n={n}"
+    p = comm.size
+    other = "ring" if algorithm != "ring" else "tree"  # (at p=3 the others all add left to right)
+    order_shows = False
+    for n in sorted({0, 1, max(p - 1, 1), 5, 1001, 70001}):
+        xs = _order_sensitive(n, p)
+        want = _simulated(algorithm, xs)[comm.rank]
+        order_shows |= want.tobytes() != _simulated(other, xs)[comm.rank].tobytes()
+        for i in range(3):  # a new plan, then the kept one (compiled below 64 KiB)
+            a = mpicoll.allreduce(xs[comm.rank], algorithm=algorithm)
+            b = mpicoll.iallreduce(xs[comm.rank], algorithm=algorithm).wait()
+            assert a.tobytes() == want.tobytes(), f"blocking, n={n}, call {i}"
+            assert b.tobytes() == want.tobytes(), f"nonblocking, n={n}, call {i}"
+    assert order_shows or p < 3, "the data never made the order of additions visible"
 
 
 @pytest.mark.parametrize("mode", ["thread", "no-thread"])
@@ -242,19 +324,18 @@ def test_native_requests_are_thin(mode):
     scheduled requests waited for in a different order on each rank (a wait
     that blocked in the library here would deadlock), finishing work run
     exactly once (avg's division, reduce_scatter's block placement)."""
-    from mpicoll import engine
 
     comm = MPI.COMM_WORLD
     p, rank = comm.size, comm.rank
-    was = nonblocking._engine.enabled
-    nonblocking.set_progress_thread(mode == "thread")
+    was = engine._engine.enabled
+    engine.set_progress_thread(mode == "thread")
     try:
         n = 3 * p + 1
         inputs = [exact_values("float64", "sum", n, 11 * r + 3) for r in range(p)]
         want_avg = reference(inputs, "avg", p)
         want_sum = reference(inputs, "sum", p)
         req = mpicoll.iallreduce(inputs[rank], op="avg", algorithm="mpi")
-        assert isinstance(req, engine.NativeRequest if p > 1 else nonblocking.Request)  # p = 1: nothing to send
+        assert isinstance(req, engine.NativeRequest if p > 1 else mpicoll.Request)  # p = 1: nothing to send
         fired = []
         req.add_done_callback(fired.append)
         while not req.test():
@@ -277,7 +358,7 @@ def test_native_requests_are_thin(mode):
         counts = [n // p + (1 if r < n % p else 0) for r in range(p)]
         lo = sum(counts[:rank])
         np.testing.assert_array_equal(got[2], want_sum[lo:lo + counts[rank]])
-        assert nonblocking.waitall([mpicoll.iallreduce(inputs[rank], algorithm="mpi")])[0].tolist() \
+        assert mpicoll.waitall([mpicoll.iallreduce(inputs[rank], algorithm="mpi")])[0].tolist() \
             == want_sum.tolist()
         x = inputs[rank].copy()
         pers = mpicoll.allreduce_init(x, op="avg", algorithm="mpi")
@@ -296,7 +377,7 @@ def test_native_requests_are_thin(mode):
         np.testing.assert_array_equal(pers.wait(), want_avg)
         np.testing.assert_array_equal(other.wait(), reference(big, "sum", p))
         pers.free()
-        assert not nonblocking._engine.active
+        assert not engine._engine.active
     finally:
         comm.Barrier()
-        nonblocking.set_progress_thread(was)
+        engine.set_progress_thread(was)

@@ -36,10 +36,11 @@ def test_algorithm_modules_import_and_names_still_list():
 
 
 @pytest.mark.parametrize("module", ["mpicoll.select", "mpicoll.profile", "mpicoll.model", "mpicoll.node",
-                                    "mpicoll.algorithms.shm", "mpicoll.algorithms.hierarchical", "mpicoll.plan"])
+                                    "mpicoll.algorithms.shm", "mpicoll.algorithms.hierarchical", "mpicoll.plan",
+                                    "mpicoll.shmwindow"])
 def test_each_module_imports_first(module):
-    """A module that only works when another was imported first is an import
-    circle in disguise: import each one alone in a fresh interpreter."""
+    """Each module can be the first one imported (a fresh interpreter). The
+    import graph itself - circles, layers - is tests/test_import_graph.py."""
     proc = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
 
@@ -336,3 +337,19 @@ def test_ranks_with_different_settings_raise_together(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for r in (0, 1):
         assert f"rank {r}: mpicoll: MPICOLL_ALGORITHM must be the same on every rank" in proc.stdout, proc.stdout
+
+
+@pytest.mark.mpi
+def test_explain_says_where_shm_and_hierarchical_hand_off(comm, monkeypatch):
+    """This machine is one node: a forced hierarchical runs as shm, and
+    explain() says so; shm stays shm. (Across nodes shm runs as
+    hierarchical: _hand_off with nodes > 1.)"""
+    monkeypatch.setenv("MPICOLL_ALGORITHM", "hierarchical")
+    c = mpicoll.explain(1 << 20, comm=comm)
+    assert c.name == "hierarchical" and "runs as shm" in c.reason, c
+    monkeypatch.setenv("MPICOLL_ALGORITHM", "shm")
+    c = mpicoll.explain(1 << 20, comm=comm)
+    assert c.name == "shm" and "runs as" not in c.reason, c
+    from mpicoll import api, select
+    assert "on 4 nodes shm runs as hierarchical" in api._hand_off(select.Choice("shm", "r"), 4).reason
+    assert api._hand_off(select.Choice("hierarchical", "r"), 4).reason == "r"

@@ -14,31 +14,9 @@ from mpi4py import MPI
 
 import mpicoll
 from mpicoll import api, plancache
-from mpicoll import plan as _plan
 from mpicoll.comm import state
 
 pytestmark = pytest.mark.mpi
-
-
-@pytest.fixture
-def comm():
-    c = MPI.COMM_WORLD.Dup()
-    yield c
-    c.Free()
-
-
-@pytest.fixture
-def builds(monkeypatch):
-    """Counts of full-path plan builds per collective."""
-    counts = {}
-    for name in ("allreduce", "bcast", "reduce", "allgather", "scatter", "gather", "alltoall"):
-        real = getattr(_plan, name)
-
-        def counting(*args, _real=real, _name=name, **kw):
-            counts[_name] = counts.get(_name, 0) + 1
-            return _real(*args, **kw)
-        monkeypatch.setattr(_plan, name, counting)
-    return counts
 
 
 def test_new_arrays_hit_the_kept_plan(comm, builds):
@@ -233,3 +211,244 @@ def test_nonblocking_forms_share_the_kept_decisions(comm, builds):
             send = np.array([[r * 10 + j + i] for j in range(p)], np.int64)
             assert (go("alltoall", send) == [[j * 10 + r + i] for j in range(p)]).all()
     assert builds == {"bcast": 1, "reduce": 1, "allgather": 1, "scatter": 1, "gather": 1, "alltoall": 1}, builds
+
+
+# ---- the v-forms and reduce_scatter ----------------------------------------------------
+
+def _blocks(counts):
+    ends = np.cumsum([0] + list(counts))
+    return [(int(ends[i]), int(ends[i + 1])) for i in range(len(counts))]
+
+
+def _count_sets(p):
+    """Awkward counts: zeros, fewer elements than ranks, not divisible by p."""
+    return [[0] * p, [k % 2 for k in range(p)], [(k * 5 + 3) % 4 for k in range(p)], [2 * p + 1] + [1] * (p - 1)]
+
+
+@pytest.mark.parametrize("nonblocking", [False, True])
+def test_reduce_scatter_kept_against_numpy(comm, builds, nonblocking):
+    p, r = comm.size, comm.rank
+
+    def go(*args, **kw):
+        if nonblocking:
+            return mpicoll.ireduce_scatter(*args, comm=comm, **kw).wait()
+        return mpicoll.reduce_scatter(*args, comm=comm, **kw)
+
+    for i in range(3):
+        for n in (0, max(p - 1, 1), 2 * p + 1):  # none, fewer than p, not divisible by p
+            x = np.arange(n, dtype=np.float64) + r + i
+            total = np.arange(n, dtype=np.float64) * p + p * (p - 1) / 2 + p * i
+            a, b = _blocks([len(c) for c in np.array_split(np.empty(n), p)])[r]
+            np.testing.assert_array_equal(go(x), total[a:b])
+            out = np.empty(b - a)
+            assert go(x, "avg", out=out) is out
+            np.testing.assert_allclose(out, total[a:b] / p, rtol=1e-12)
+        for counts in _count_sets(p):
+            n = sum(counts)
+            a, b = _blocks(counts)[r]
+            xi = (np.arange(n) % 7 + r * i).astype(np.int32)
+            np.testing.assert_array_equal(go(xi, "max", counts=counts), (np.arange(n) % 7 + (p - 1) * i)[a:b])
+            # out inside x (the drop-in's in place): the result lands in out
+            big = (np.arange(n) + r).astype(np.int64)
+            view = big[:b - a]
+            want = (np.arange(n) * p + p * (p - 1) // 2)[a:b]
+            assert go(big, counts=counts, out=view) is view
+            np.testing.assert_array_equal(view, want)
+    # p == 1: a copy, kept too; else the MPI library's call for these sizes.
+    # One build per signature: (3 sizes x 2 forms) + (4 count sets x 2 forms), fewer where sets coincide
+    sets = {tuple(c) for c in _count_sets(p)}
+    assert builds == {"reduce_scatter": 3 * 2 + 2 * len(sets)}, builds
+
+
+def test_reduce_scatter_other_dtypes(comm):
+    p, r = comm.size, comm.rank
+    for dt in (np.float32, np.float16, np.int8, np.uint64):
+        for _ in range(2):
+            x = (np.arange(3 * p + 2) % 5 + r).astype(dt)
+            a, b = _blocks([len(c) for c in np.array_split(x, p)])[r]
+            want = sum((np.arange(3 * p + 2) % 5 + k).astype(dt) for k in range(p)).astype(dt)
+            np.testing.assert_array_equal(mpicoll.reduce_scatter(x, comm=comm), want[a:b])
+
+
+@pytest.mark.parametrize("nonblocking", [False, True])
+def test_allgatherv_kept_against_numpy(comm, builds, nonblocking):
+    p, r = comm.size, comm.rank
+
+    def go(*args, **kw):
+        if nonblocking:
+            return mpicoll.iallgatherv(*args, comm=comm, **kw).wait()
+        return mpicoll.allgatherv(*args, comm=comm, **kw)
+
+    for i in range(3):
+        for counts in _count_sets(p):
+            blocks = _blocks(counts)
+            want = np.concatenate([np.arange(c, dtype=np.int16) + 10 * k + i for k, c in enumerate(counts)])
+            x = np.arange(counts[r], dtype=np.int16) + 10 * r + i
+            np.testing.assert_array_equal(go(x, counts), want)
+            out = np.empty(sum(counts), np.int16)
+            assert go(x, counts, out=out) is out
+            np.testing.assert_array_equal(out, want)
+            # in place: x is this rank's block of out
+            a, b = blocks[r]
+            out2 = np.zeros(sum(counts), np.int16)
+            out2[a:b] = x
+            assert go(out2[a:b], counts, out=out2) is out2
+            np.testing.assert_array_equal(out2, want)
+    sets = {tuple(c) for c in _count_sets(p)}
+    assert builds == {"allgatherv": 2 * len(sets)}, builds
+
+
+@pytest.mark.parametrize("nonblocking", [False, True])
+def test_alltoallv_kept_against_numpy(comm, builds, nonblocking):
+    p, r = comm.size, comm.rank
+
+    def go(*args, **kw):
+        if nonblocking:
+            return mpicoll.ialltoallv(*args, comm=comm, **kw).wait()
+        return mpicoll.alltoallv(*args, comm=comm, **kw)
+
+    def f(a, b):  # elements rank a sends to rank b; symmetric, so in place works (equal totals)
+        return (a + b) % 3
+
+    sc = [f(r, j) for j in range(p)]
+    rc = [f(j, r) for j in range(p)]
+    for i in range(3):
+        x = np.concatenate([np.full(f(r, j), 100 * r + j + i, np.float32) for j in range(p)])
+        want = np.concatenate([np.full(f(j, r), 100 * j + r + i, np.float32) for j in range(p)])
+        np.testing.assert_array_equal(go(x, sc, rc), want)
+        out = np.empty(sum(rc), np.float32)
+        assert go(x, sc, rc, out=out) is out
+        np.testing.assert_array_equal(out, want)
+        y = x.copy()
+        assert go(y, sc, rc, out=y) is y
+        np.testing.assert_array_equal(y, want)
+        z = np.arange(p, dtype=np.int64) + r  # one element to each rank (a numpy counts vector)
+        ones = np.ones(p, np.int64)
+        np.testing.assert_array_equal(go(z, ones, ones), np.arange(p) + r)
+    # no out; out given (x itself or another array: one signature); the int64 call
+    assert builds == {"alltoallv": 3}, builds
+
+
+@pytest.mark.parametrize("nonblocking", [False, True])
+def test_scatterv_gatherv_kept_against_numpy(comm, builds, nonblocking):
+    p, r = comm.size, comm.rank
+    root = p - 1
+    ns = "i" if nonblocking else ""
+
+    def go(fn, *args, **kw):
+        res = getattr(mpicoll, ns + fn)(*args, comm=comm, **kw)
+        return res.wait() if nonblocking else res
+
+    for i in range(3):
+        for counts in _count_sets(p):
+            a, b = _blocks(counts)[r]
+            full = np.arange(sum(counts), dtype=np.float64) * (i + 1)
+            got = go("scatter", full if r == root else None, root, counts=counts, out=np.empty(counts[r]))
+            np.testing.assert_array_equal(got, full[a:b])
+            np.testing.assert_array_equal(go("scatter", full, root, counts=counts), full[a:b])
+            g = go("gather", full[a:b].copy(), root, counts=counts)
+            if r == root:
+                np.testing.assert_array_equal(g, full)
+            else:
+                assert g is None
+            if r == root:  # in place on root: x is root's block of out / out is root's block of x
+                buf = np.zeros(sum(counts))
+                buf[a:b] = full[a:b]
+                assert go("gather", buf[a:b], root, counts=counts, out=buf) is buf
+                np.testing.assert_array_equal(buf, full)
+                f2 = full.copy()
+                go("scatter", f2, root, counts=counts, out=f2[a:b])
+                np.testing.assert_array_equal(f2, full)
+            else:
+                go("gather", full[a:b].copy(), root, counts=counts, out=np.empty(sum(counts)))
+                go("scatter", None, root, counts=counts, out=np.empty(counts[r]))
+    sets = len({tuple(c) for c in _count_sets(p)})
+    # scatter: out given / not (root's in-place call has the signature of its
+    # first: the kept entry serves it); gather: out given / not, in place too
+    assert builds == {"scatter": 2 * sets, "gather": 2 * sets}, builds
+
+
+def test_a_changed_counts_vector_misses(comm, builds):
+    p, r = comm.size, comm.rank
+    if p == 1:
+        pytest.skip("one rank has one counts vector of a given total")
+    a = [1] * p
+    b = [2] + [1] * (p - 2) + [0]  # the same total, another split
+    for _ in range(2):
+        for counts in (a, b):
+            x = np.full(counts[r], r, np.int32)
+            want = np.repeat(np.arange(p, dtype=np.int32), counts)
+            np.testing.assert_array_equal(mpicoll.allgatherv(x, counts, comm=comm), want)
+            y = np.arange(p, dtype=np.float64) + r
+            lo, hi = _blocks(counts)[r]
+            np.testing.assert_array_equal(mpicoll.reduce_scatter(y, counts=counts, comm=comm),
+                                          (np.arange(p) * p + p * (p - 1) / 2)[lo:hi])
+    assert builds == {"allgatherv": 2, "reduce_scatter": 2}, builds
+    st = state(comm)
+    assert ("allgatherv", (1,), np.dtype(np.int32), tuple(a), "auto", 0) in st.plans
+
+
+def test_v_forms_keep_no_array_alive(comm):
+    p = comm.size
+    counts = [2] * p
+    for _ in range(2):
+        x = np.ones(2 * p)
+        out = np.empty(2)
+        mpicoll.reduce_scatter(x, counts=counts, comm=comm, out=out)
+        g = np.empty(2 * p)
+        mpicoll.allgatherv(np.ones(2), counts, comm=comm, out=g)
+        t = np.empty(2 * p)
+        mpicoll.ialltoallv(x, counts, counts, comm=comm, out=t).wait()
+    for a in (out, g, t):
+        a.resize(4 * p, refcheck=False)  # numpy refuses to resize an exported array
+    refs = [weakref.ref(a) for a in (x, out, g, t)]
+    del x, out, g, t, a
+    gc.collect()
+    assert all(ref() is None for ref in refs)
+
+
+def test_v_forms_see_a_changed_environment(comm, monkeypatch):
+    p = comm.size
+    counts = [1] * p
+    for _ in range(2):
+        mpicoll.allgatherv(np.ones(1), counts, comm=comm)
+        mpicoll.reduce_scatter(np.ones(p), comm=comm)
+    monkeypatch.setenv("MPICOLL_ALGORITHM", "nonsense")
+    with pytest.raises(ValueError, match="MPICOLL_ALGORITHM"):
+        mpicoll.allgatherv(np.ones(1), counts, comm=comm)
+    with pytest.raises(ValueError, match="MPICOLL_ALGORITHM"):
+        mpicoll.reduce_scatter(np.ones(p), comm=comm)
+    monkeypatch.setenv("MPICOLL_ALGORITHM", "ring")
+    np.testing.assert_array_equal(mpicoll.allgatherv(np.ones(1), counts, comm=comm), np.ones(p))
+    np.testing.assert_array_equal(mpicoll.reduce_scatter(np.ones(p), comm=comm), np.full(1, p))
+
+
+def test_v_form_bad_counts_still_raise_after_a_hit(comm):
+    p = comm.size
+    counts = [1] * p
+    for _ in range(2):
+        mpicoll.allgatherv(np.ones(1), counts, comm=comm)
+    with pytest.raises(TypeError, match="counts"):
+        mpicoll.allgatherv(np.ones(1), [1.0] * p, comm=comm)
+    with pytest.raises(ValueError, match="counts"):
+        mpicoll.allgatherv(np.ones(2), counts, comm=comm)
+
+
+def test_v_form_entries_are_bounded_least_recently_used(comm, monkeypatch, builds):
+    p, r = comm.size, comm.rank
+    st = state(comm)
+    monkeypatch.setattr(st.plans, "size", 4)
+    vectors = [[k] + [1] * (p - 1) for k in range(6)]  # six signatures of one collective
+
+    def call(counts):
+        got = mpicoll.allgatherv(np.full(counts[r], r, np.int64), counts, comm=comm)
+        np.testing.assert_array_equal(got, np.repeat(np.arange(p), counts))
+
+    for counts in vectors:
+        call(counts)
+    keys = [("allgatherv", (c[r],), np.dtype(np.int64), tuple(c), "auto", 0) for c in vectors]
+    assert len(st.plans) == 4 and [k in st.plans for k in keys] == [False] * 2 + [True] * 4
+    call(vectors[2])  # used again: now the most recent
+    call(vectors[0])  # built again, evicting the least recently used, vectors[3]
+    assert keys[2] in st.plans and keys[0] in st.plans and keys[3] not in st.plans
+    assert builds == {"allgatherv": 7}, builds

@@ -59,3 +59,29 @@ def test_several_nodes_use_hierarchical_for_long_messages():
 
 def test_one_rank():
     assert select.allreduce(1, 1 << 30, "sum", "float32", ranks_per_node=1, nodes=1).name == "mpi"
+
+
+def test_hierarchical_cross_choice_follows_the_cross_profile_but_never_recurses():
+    """The cross-node all-reduce inside hierarchical is auto's choice on the
+    cross communicator, its tuning profile included; a rule naming a
+    node-level algorithm (which would recurse) is passed over."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    from mpicoll import dtypes, kernels, ops, profile
+    from mpicoll.algorithms import hierarchical
+
+    red = kernels.Reduction(ops.resolve("sum"), dtypes.BY_NAME["float32"])
+    view = np.zeros(1 << 16, np.float32)
+
+    def choice(rule_alg):
+        prof = None if rule_alg is None else profile.Profile(
+            [profile.Rule(2, 64, 0, None, rule_alg, None, True, "measured")])
+        return hierarchical._cross_choice(SimpleNamespace(size=4, profile=prof), view, red)
+
+    default = choice(None)
+    assert default not in ("shm", "hierarchical", "cascade")
+    other = "ring" if default != "ring" else "recursive_doubling"
+    assert choice(other) == other  # the profile decides
+    for node_level in ("shm", "hierarchical", "cascade"):
+        assert choice(node_level) == default  # passed over: the defaults decide

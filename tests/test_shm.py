@@ -15,6 +15,7 @@ from mpi4py import MPI
 import mpicoll
 from conftest import assert_identical_everywhere, exact_values, np_dtype, reference
 from mpicoll import dtypes, ops
+from mpicoll import shmwindow
 from mpicoll.algorithms import get, shm
 from mpicoll.comm import state
 from mpicoll.kernels import Reduction
@@ -113,7 +114,7 @@ def test_window_reuse_growth_and_free():
     assert grown is not w and grown.slot_bytes >= big.nbytes
     assert w.win == MPI.WIN_NULL, "the old window is freed when it grows"
     # Long messages are chunked: the window never exceeds the per-rank bound.
-    assert shm.chunk_elems(1 << 40, 4, 1 << 40) * 4 * 2 <= shm.MAX_WINDOW_BYTES - (64 << 10)
+    assert shm.chunk_elems(1 << 40, 4, 1 << 40) * 4 * 2 <= shmwindow.MAX_WINDOW_BYTES - (64 << 10)
     comm.Free()
     assert grown.win == MPI.WIN_NULL, "freeing the communicator frees the window"
 
@@ -143,7 +144,7 @@ def test_both_sync_modes(sync):
     w = st.extra["shm" if sync == shm.SYNC else f"shm-{sync}"]
     assert w.sync_mode == sync
     # the header, two slots, never more than the bound
-    assert w.header + 2 * w.slot_bytes <= shm.MAX_WINDOW_BYTES
+    assert w.header + 2 * w.slot_bytes <= shmwindow.MAX_WINDOW_BYTES
 
 
 @pytest.mark.parametrize("algorithm", ["shm", "hierarchical"])
@@ -194,9 +195,9 @@ def test_flag_test_sees_a_peer_only_after_it_publishes():
         info = node_info(st)
         if info.local_size < 2:
             pytest.skip("needs two ranks on a node")
-        w = shm.window(st, info, "flags")
+        w = shmwindow.window(st, info, "flags")
         me, last = info.local_rank, info.local_size - 1
-        sync = shm._FlagSync(w)
+        sync = shmwindow._FlagSync(w)
         if me != last:
             sync.post()
         comm.Barrier()

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from mpicoll._kernels import ffi, lib
-from mpicoll.algorithms import shm
+from mpicoll import shmwindow
+from mpijob import run_job
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CASE_SCRIPT = os.path.join(HERE, "shm_case.py")
@@ -48,13 +49,10 @@ def test_mismatched_messages_raise_on_every_rank(algorithm, p, node_size):
     under hierarchical: the node's check decides, no cross-node message."""
     cmd = [MPIEXEC, *MPIEXEC_FLAGS, "-n", str(p), sys.executable, "-m", "mpi4py", CASE_SCRIPT, "mismatch",
            algorithm, str(node_size)]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=HARD_S, env=_env())
-    except subprocess.TimeoutExpired as exc:
-        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        pytest.fail(f"hung: still running after {HARD_S} s:\n{out}")
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out
+    rc, stdout, stderr = run_job(cmd, HARD_S, env=_env())
+    assert rc is not None, f"hung: still running after {HARD_S} s\n{(stdout + stderr)[-8000:]}"
+    out = stdout + stderr
+    assert rc == 0, out
     for mode in ("blocking", "nonblocking"):
         for case in CASES:
             for r in range(p):
@@ -98,7 +96,7 @@ def test_ctrl_c_reaches_a_rank_waiting_in_shared_memory():
 
 # ---- the flag primitives, without MPI -----------------------------------------------
 
-SLOT_WORDS = shm.FLAG_STRIDE // 8
+SLOT_WORDS = shmwindow.FLAG_STRIDE // 8
 
 
 class FlagArea:
@@ -120,12 +118,12 @@ def test_wait_for_a_peer_that_never_writes_returns_at_the_deadline():
     area = FlagArea(3)
     area.set(0, 1)
     area.set(1, 1)  # rank 2 never comes
-    assert not lib.mpicoll_flag_test(area.base, shm.FLAG_STRIDE, 3, 1)
+    assert not lib.mpicoll_flag_test(area.base, shmwindow.FLAG_STRIDE, 3, 1)
     # One bounded C round: "not yet" after its budget, whatever the stage it reached.
     for spins, yield_ns in ((200, 10**9), (0, 10**6), (0, 0)):
-        assert lib.mpicoll_flag_wait(area.base, shm.FLAG_STRIDE, 3, 1, spins, yield_ns, 20 * 10**6) == 0
-    assert not shm.wait_flags(area.base, 3, 1, time.monotonic() + 0.2)
-    assert shm.wait_flags(area.base, 2, 1, time.monotonic() + 0.2), "ranks 0 and 1 are there"
+        assert lib.mpicoll_flag_wait(area.base, shmwindow.FLAG_STRIDE, 3, 1, spins, yield_ns, 20 * 10**6) == 0
+    assert not shmwindow.wait_flags(area.base, 3, 1, time.monotonic() + 0.2)
+    assert shmwindow.wait_flags(area.base, 2, 1, time.monotonic() + 0.2), "ranks 0 and 1 are there"
     assert area.words[2 * SLOT_WORDS] == 0
 
 
@@ -138,7 +136,7 @@ def test_sigint_interrupts_a_wait_without_deadline():
     timer.start()
     try:
         with pytest.raises(KeyboardInterrupt):
-            shm.wait_flags(area.base, 2, 1, None)
+            shmwindow.wait_flags(area.base, 2, 1, None)
     finally:
         timer.cancel()
 
@@ -162,7 +160,7 @@ def test_flag_set_by_another_thread_publishes_its_data():
         for e in range(1, rounds + 1):
             data[1][e % 2][:] = e  # write, then publish
             area.set(1, e)
-            if not shm.wait_flags(area.base, 2, e, time.monotonic() + 60):
+            if not shmwindow.wait_flags(area.base, 2, e, time.monotonic() + 60):
                 errors.append(f"peer: timed out at {e}")
                 return
             if not (data[0][e % 2] == e).all():
@@ -174,15 +172,15 @@ def test_flag_set_by_another_thread_publishes_its_data():
     try:
         data[0][1][:] = 1
         area.set(0, 1)
-        assert not lib.mpicoll_flag_test(area.base, shm.FLAG_STRIDE, 2, 1), "the peer has not set its flag"
-        assert not shm.wait_flags(area.base, 2, 1, time.monotonic() + 0.05)
+        assert not lib.mpicoll_flag_test(area.base, shmwindow.FLAG_STRIDE, 2, 1), "the peer has not set its flag"
+        assert not shmwindow.wait_flags(area.base, 2, 1, time.monotonic() + 0.05)
         go.set()
         for e in range(1, rounds + 1):
             if e > 1:
                 data[0][e % 2][:] = e
                 area.set(0, e)
-            assert shm.wait_flags(area.base, 2, e, time.monotonic() + 60), f"round {e}"
-            assert lib.mpicoll_flag_test(area.base, shm.FLAG_STRIDE, 2, e)
+            assert shmwindow.wait_flags(area.base, 2, e, time.monotonic() + 60), f"round {e}"
+            assert lib.mpicoll_flag_test(area.base, shmwindow.FLAG_STRIDE, 2, e)
             assert (data[1][e % 2] == e).all(), f"stale data from the peer at round {e}"
     finally:
         go.set()

@@ -10,7 +10,7 @@ import os
 import numpy as np
 import pytest
 
-from mpicoll import dtypes, ops, schedule
+from mpicoll import counting, dtypes, ops
 from mpicoll.algorithms import get
 
 simulate = pytest.importorskip("mpicoll.simulate")
@@ -24,7 +24,7 @@ CLUSTER = os.path.join(ROOT, "platforms", "cluster-128x8-fattree.xml")
 HERE = os.path.join(ROOT, "platforms", "this-machine.xml")
 
 
-def counted(collective, algorithm, p, nbytes):
+def counted(collective, algorithm, p, nbytes, knobs=None):
     """Per-rank (messages, bytes sent, bytes reduced) from the counting
     driver, with real data (the schedules' arguments as the SimGrid driver
     builds them)."""
@@ -39,12 +39,12 @@ def counted(collective, algorithm, p, nbytes):
     sched = get(collective, algorithm).schedule
 
     def make(ctx, stats):
-        buf, cr = bufs[ctx.rank], schedule.CountingReduction(red, stats)
+        buf, cr = bufs[ctx.rank], counting.CountingReduction(red, stats)
         extra = {"allreduce": (cr, None), "reduce_scatter": (cr, block_bounds(n, p)), "reduce": (cr, 0),
                  "bcast": (0,), "allgather": (block_bounds(n, p),)}[collective]
-        return sched(ctx, buf, *extra)
+        return sched(ctx, buf, *extra, **(knobs or {}))
 
-    return [(s.messages, s.bytes_sent, s.bytes_reduced) for s in schedule.simulate(p, make)]
+    return [(s.messages, s.bytes_sent, s.bytes_reduced) for s in counting.simulate(p, make)]
 
 
 CASES = [("allreduce", "ring", 8), ("allreduce", "tree", 13), ("allreduce", "recursive_doubling", 12),
@@ -60,6 +60,40 @@ def test_counts_equal_counting_driver(collective, algorithm, p, nbytes):
     assert got == counted(collective, algorithm, p, nbytes)
     assert all(s.finish_s is not None for s in r.stats)
     assert r.time_s > 0
+
+
+@pytest.mark.parametrize("spec,p", [("cascade", 24), ("cascade:ppn=5", 23), ("knomial:radix=8", 20),
+                                    ("hetero_ring:weights=x", 8)])
+@pytest.mark.parametrize("nbytes", [0, 4096 + 4])
+def test_knobs_counts_equal_counting_driver(spec, p, nbytes):
+    # The issue-20 algorithms with their knobs, as the study runs them:
+    # the cascade on the simulated layout (8 per node unless the spec says).
+    name, knobs = simulate.algorithm_spec(spec, 8)
+    if name == "hetero_ring":
+        knobs = {"weights": [1, 2, 3, 2, 1, 1, 1, 1]}
+    r = simulate.run(CLUSTER, "allreduce", name, p, nbytes, ppn=8, knobs=knobs)
+    assert [(s.messages, s.bytes_sent, s.bytes_reduced) for s in r.stats] == \
+        counted("allreduce", name, p, nbytes, knobs)
+
+
+def test_algorithm_spec():
+    assert simulate.algorithm_spec("ring", 8) == ("ring", {})
+    assert simulate.algorithm_spec("knomial:radix=8", 8) == ("knomial", {"radix": 8})
+    assert simulate.algorithm_spec("cascade", 8) == ("cascade", {"ppn": 8})
+    assert simulate.algorithm_spec("cascade:ppn=4;cross=ring", 8) == ("cascade", {"ppn": 4, "cross": "ring"})
+    with pytest.raises(ValueError, match="knob=value"):
+        simulate.algorithm_spec("knomial:radix", 8)
+
+
+def test_hetero_platform_loads():
+    # hosts listed one by one (not a <cluster>), one slow link
+    plat = simulate.load_platform(os.path.join(ROOT, "platforms", "hetero-8x1.xml"))
+    assert plat.hosts == 8 and plat.reduce_Bps > 0
+    # nodes 0-1 talk at 10 Gbit/s; adding node 2 (1 Gbit/s) makes the ring's
+    # slowest step 10x longer, far more than one more step would
+    fast = simulate.run(plat, "allreduce", "ring", 2, 4 << 20, ppn=1).time_s
+    slow = simulate.run(plat, "allreduce", "ring", 3, 4 << 20, ppn=1).time_s
+    assert slow > 5 * fast > 0
 
 
 @pytest.mark.parametrize("algorithm", ["ring", "tree", "recursive_doubling", "rabenseifner"])
@@ -123,7 +157,7 @@ def _mismatch():
             yield [ctx.recv(np.zeros(8, np.uint8), 0)]
 
     for r in range(2):
-        ctx = simulate._Context(schedule._SimComm(r, 2), 0, {}, ("test", "mismatch", 8, 0))
+        ctx = simulate._Context(counting._SimComm(r, 2), 0, {}, ("test", "mismatch", 8, 0))
         ctx.run, ctx.stats = run, run.stats[r]
         sg.Actor.create(f"r{r}", hosts[r], run.actor, r, gen(ctx))
     engine.run()
@@ -140,10 +174,12 @@ def test_summary_regret_and_profile(tmp_path):
 
     plat = simulate.load_platform(CLUSTER)
     rows = [{"algorithm": a, "p": 64, "bytes": n, "time_s": t}
-            for a, n, t in (("ring", 1 << 20, 1e-3), ("tree", 1 << 20, 3e-3), ("ring", 8, 2e-4), ("tree", 8, 1e-4))]
+            for a, n, t in (("ring", 1 << 20, 1e-3), ("tree", 1 << 20, 3e-3), ("ring", 8, 2e-4), ("tree", 8, 1e-4),
+                            ("knomial:radix=8", 1 << 20, 5e-4))]  # a knob variant: best, but no profile rule
     native = {("mpich", "allreduce", 64, 8): 5e-6}
     s = {x["bytes"]: x for x in simulate.summarize(rows, plat, 8, native)}
-    assert s[1 << 20]["best"] == "ring" and s[1 << 20]["auto"] == "hierarchical" and s[1 << 20]["regret"] is None
+    assert s[1 << 20]["best"] == "knomial:radix=8" and s[1 << 20]["auto"] == "hierarchical" \
+        and s[1 << 20]["regret"] is None
     mpi = simulate.native_priced(plat, 5e-6, 64, 8)
     assert mpi > 5e-6 and s[8]["best"] == "mpi" and s[8]["auto"] == "mpi" and s[8]["regret"] == 0
     prof = simulate.profile_from(list(s.values()), plat, 8)
@@ -151,3 +187,26 @@ def test_summary_regret_and_profile(tmp_path):
     loaded = profile.load(str(tmp_path / "t.json"))
     assert simulate.auto_choice(64, 1 << 20, 8, profile=loaded).name == "ring"
     assert simulate.auto_choice(512, 4, 8, profile=loaded).name == "mpi"
+
+
+def test_plot_reads_the_note_and_writes_svg(tmp_path):
+    # sim/plot.py: the note's native-vs-mpicoll tables -> one polyline per
+    # (platform, p, series) with points; a table it cannot find is an error
+    import importlib.util
+    import xml.etree.ElementTree as ET
+
+    spec = importlib.util.spec_from_file_location("sim_plot", os.path.join(ROOT, "sim", "plot.py"))
+    plot = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plot)
+    with open(os.path.join(ROOT, "docs", "scale.md")) as f:
+        tables = plot.read_tables(f.read())
+    fat = tables["The fat tree"]
+    assert sorted(fat) == [64, 256, 1024]
+    assert dict(fat[64]["mpich"])[16 << 20] == 24103 and dict(fat[64]["mpicoll"])[8] == 59.5
+    out = tmp_path / "p.svg"
+    assert plot.main(["--out", str(out)]) == 0
+    root = ET.parse(out).getroot()
+    lines = root.findall("{http://www.w3.org/2000/svg}polyline")
+    assert len(lines) == sum(len(s) for t in tables.values() for s in t.values())
+    with pytest.raises(ValueError, match="no section"):
+        plot.read_tables("nothing here")

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 import textwrap
 
 import pytest
+
+from mpijob import run_job
 
 BIN = os.path.dirname(sys.executable)
 MPIEXEC = os.path.join(BIN, "mpiexec")
@@ -61,14 +62,12 @@ def test_ring_count_mismatch_raises(tmp_path, collective, n, extra):
         pytest.skip("no mpiexec next to sys.executable")
     script = tmp_path / "sizes.py"
     script.write_text(SCRIPT)
-    try:
-        proc = subprocess.run([MPIEXEC, *MPIEXEC_FLAGS, "-n", "3", sys.executable, "-m", "mpi4py", str(script), collective,
-                               str(n), str(extra)], capture_output=True, text=True, timeout=BOUND_S)
-    except subprocess.TimeoutExpired as exc:  # pragma: no cover - the failure this test exists for
-        pytest.fail(f"mpiexec still running after {BOUND_S} s: a count mismatch hung the ring ({exc.stdout!r})")
-    out = proc.stdout + proc.stderr
+    rc, stdout, stderr = run_job([MPIEXEC, *MPIEXEC_FLAGS, "-n", "3", sys.executable, "-m", "mpi4py", str(script), collective,
+                                 str(n), str(extra)], BOUND_S)
+    assert rc is not None, f"mpiexec still running after {BOUND_S} s: a count mismatch hung the ring\n{(stdout + stderr)[-8000:]}"
+    out = stdout + stderr
     for r in range(3):  # every rank got as far as the call (no import or set-up failure)
-        assert re.search(rf"rank {r} calls {collective} with \d+ elements", proc.stdout), out
-    assert re.search(r"rank \d MismatchError: ", proc.stdout), out
-    assert "finished" not in proc.stdout or proc.stdout.count("finished") < 3, out
-    assert proc.returncode != 0, out
+        assert re.search(rf"rank {r} calls {collective} with \d+ elements", stdout), out
+    assert re.search(r"rank \d MismatchError: ", stdout), out
+    assert "finished" not in stdout or stdout.count("finished") < 3, out
+    assert rc != 0, out

@@ -253,17 +253,31 @@ def test_callbacks_have_run_when_wait_returns(thread_on):
         comm.Barrier()
 
 
-def test_switch_interval_restored_to_the_one_in_force():
+@pytest.mark.parametrize("when", ["idle", "in flight"])
+def test_switch_interval_restored_to_the_one_in_force(when):
     """The engine lowers the interpreter's switch interval while the progress
-    thread works, and restores the value set by the program since import."""
+    thread works, and then restores the value the program set since import,
+    also when the program set it while the lowered one was in force (it
+    once put back the value from before, losing the program's)."""
     if not engine.progress_thread_active():
         pytest.skip("no progress thread")
     comm = MPI.COMM_WORLD
+    if when == "in flight" and comm.Get_size() == 1:
+        pytest.skip("one rank: a request completes when it starts")
     was = sys.getswitchinterval()
-    sys.setswitchinterval(0.0123)
     try:
+        if when == "idle":
+            sys.setswitchinterval(0.0123)
         for _ in range(3):
-            mpicoll.iallreduce(np.ones(1 << 16, np.float32), algorithm="ring").wait()
+            req = mpicoll.iallreduce(np.ones(1 << 16, np.float32), algorithm="ring")  # 256 KiB: wakes the thread
+            if when == "in flight":
+                with engine._engine.lock:
+                    lowered = engine._engine.saved_interval is not None
+                sys.setswitchinterval(0.0123)
+            req.wait()
+        if when == "in flight":
+            # The case this checks happened at least once on some rank.
+            assert any(comm.allgather(lowered)), "the interval was never lowered while a request was in flight"
         # Once the thread sleeps with nothing to do (a late wake-up lowers
         # it again for a moment: wait for that to pass).
         deadline = time.monotonic() + 60

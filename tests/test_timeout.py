@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 import time
 
 import pytest
 
 import mpicoll
+from mpijob import run_job
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CASE_SCRIPT = os.path.join(HERE, "timeout_case.py")
@@ -97,12 +97,8 @@ def run_case(case, spec, mode, p, timeout=TIMEOUT_S, check=False, hard=HARD_S, e
     env.pop("MPICOLL_TIMEOUT", None)
     env.pop("MPICOLL_CHECK", None)
     env.update(env_extra or {})
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=hard, env=env)
-        rc, out = proc.returncode, proc.stdout + proc.stderr
-    except subprocess.TimeoutExpired as exc:
-        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        rc = None
+    rc, stdout, stderr = run_job(cmd, hard, env=env)
+    out = stdout + stderr
     end = time.time()
     starts = [float(t) for t in re.findall(r"R\d+:t0:(\d+\.\d+)", out)]
     took = end - max(starts) if starts else float("nan")
@@ -129,7 +125,7 @@ def test_ends_within_deadline(case, spec, mode, p):
         pytest.skip("no mpiexec next to sys.executable")
     rc, out, took, reports = run_case(case, spec, mode, p)
     if rc is None:
-        pytest.fail(f"{case} {spec} {mode} p={p}: still running after {HARD_S} s: hang\n{out[-3000:]}")
+        pytest.fail(f"{case} {spec} {mode} p={p}: still running after {HARD_S} s: hang\n{out[-8000:]}")
     calls = 2 if case == "order" else 1
     assert took <= calls * TIMEOUT_S + SLACK_S, f"job ended {took:.1f} s after the call\n{out[-3000:]}"
     for r, (kind, rest) in reports.items():
@@ -191,11 +187,9 @@ def test_killed_rank_survivors_raise(tmp_path, algorithm):
     flags = MPIEXEC_FLAGS or (["-disable-auto-cleanup"] if os.environ.get("MPICOLL_EXPECT_MPI", "mpich") == "mpich"
                               else [])
     cmd = [MPIEXEC, *flags, "-n", "3", sys.executable, "-m", "mpi4py", str(script), algorithm]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=HARD_S)
-    except subprocess.TimeoutExpired as exc:  # pragma: no cover - the failure this test exists for
-        pytest.fail(f"still running after {HARD_S} s: the survivors hung ({exc.stdout!r})")
-    out = proc.stdout + proc.stderr
-    assert proc.returncode != 0, out
+    rc, stdout, stderr = run_job(cmd, HARD_S)
+    out = stdout + stderr
+    assert rc is not None, f"still running after {HARD_S} s: the survivors hung\n{out[-8000:]}"
+    assert rc != 0, out
     assert "R0:returned" not in out and "R2:returned" not in out, out
-    print(f"killed rank, {algorithm}: rc={proc.returncode}; " + " ".join(re.findall(r"R\d:raised:\S+", out)))
+    print(f"killed rank, {algorithm}: rc={rc}; " + " ".join(re.findall(r"R\d:raised:\S+", out)))

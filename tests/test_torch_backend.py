@@ -293,6 +293,25 @@ def test_barrier_send_recv_gather_scatter(pg):
     assert dst.tolist() == [100 * q + 2 * r + i for q in range(p) for i in range(2)]
 
 
+def test_isend_of_a_non_contiguous_tensor_sends_its_values(pg):
+    """isend of a column (non-contiguous) sends its values, from the
+    contiguous copy the backend makes, with the send outstanding while other
+    memory is allocated (mpi4py keeps a point-to-point send's buffer alive,
+    unlike a nonblocking collective's: see test_user_buffers.py)."""
+    p, r = dist.get_world_size(), dist.get_rank()
+    if p == 1:
+        return
+    n = 100_000
+    right, left = (r + 1) % p, (r - 1) % p
+    got = torch.empty(n)
+    w = dist.isend((torch.arange(2 * n, dtype=torch.float32).reshape(n, 2) + r)[:, 0], right, tag=6)
+    junk = [torch.full((n,), 7.0) for _ in range(8)]  # reuses whatever was freed
+    dist.recv(got, left, tag=6)
+    w.wait()
+    del junk
+    assert torch.equal(got, torch.arange(0, 2 * n, 2, dtype=torch.float32) + left)
+
+
 def test_functional_collectives(pg):
     import torch.distributed._functional_collectives as fc
 
@@ -423,7 +442,7 @@ def test_view_cache_follows_the_tensor(pg):
 def test_process_group_timeout_becomes_the_deadline(pg):
     from datetime import timedelta
 
-    from mpicoll.torch.backend import deadline_of
+    from mpicoll.torch.communicators import deadline_of
     from torch.distributed.constants import default_pg_timeout
 
     assert deadline_of(default_pg_timeout) is None

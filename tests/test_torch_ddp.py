@@ -85,15 +85,16 @@ def test_reproducible_hook_is_independent_of_algorithm(gloo):
 
 def test_without_progress_thread(gloo):
     """DDP waits for the hook's future in C++: it must complete although nobody calls wait()."""
-    from mpicoll import nonblocking
     from mpicoll.torch import hooks
 
+    import mpicoll
+
     ref = train(process_group=gloo)
-    nonblocking.set_progress_thread(False)
+    mpicoll.set_progress_thread(False)
     try:
         w1 = train(hook=hooks.allreduce_hook, state=hooks.State())
         w2 = train()  # the backend's own all-reduce work, through get_future()
     finally:
-        nonblocking.set_progress_thread(True)
+        mpicoll.set_progress_thread(True)
     torch.testing.assert_close(w1, ref, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(w2, ref, rtol=1e-5, atol=1e-6)

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 import time
 
 import pytest
+
+from mpijob import run_job
 
 pytest.importorskip("torch", reason="torch is not installed (make install adds the CPU build)")
 
@@ -66,13 +67,11 @@ def test_skipped_collective_ends_within_the_group_timeout(tmp_path, mode):
     timeout = 2.0
     cmd = [MPIEXEC, *MPIEXEC_FLAGS, "-n", "2", sys.executable, "-m", "mpi4py", str(script), str(timeout), mode]
     env = {k: v for k, v in os.environ.items() if k != "MPICOLL_TIMEOUT"}
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=HARD_S, env=env)
-    except subprocess.TimeoutExpired as exc:  # pragma: no cover - the failure this test exists for
-        pytest.fail(f"still running after {HARD_S} s: the collective hung ({exc.stdout!r})")
+    rc, stdout, stderr = run_job(cmd, HARD_S, env=env)
+    assert rc is not None, f"still running after {HARD_S} s: the collective hung\n{(stdout + stderr)[-8000:]}"
     end = time.time()
-    out = proc.stdout + proc.stderr
-    assert proc.returncode != 0, out  # rank 0's uncaught CollectiveTimeout aborts the job
+    out = stdout + stderr
+    assert rc != 0, out  # rank 0's uncaught CollectiveTimeout aborts the job
     assert "R1:skipped" in out and "returned" not in out, out
     m = re.search(r"R0:TIMEOUT:(\d+\.\d+):", out)
     assert m, out[-3000:]

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from mpicoll import model, profile, select
+from mpicoll import model, modelfit, profile, select
 from mpicoll import tune as _tune
 from mpicoll.bench import allreduce as bench
 
@@ -179,7 +179,7 @@ def test_model_fit_recovers_parameters():
                 fam = model.family(alg)
                 t = true[fam].time(model.terms(alg, p, nb)) if alg != "auto" else 1.0
                 rows.append({"p": p, "bytes": nb, "algorithm": alg, "time_s": t})
-    fitted = model.fit(rows)
+    fitted = modelfit.fit(rows)
     for fam, prm in true.items():
         for a, b in zip(fitted.params[fam], prm):
             assert math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-15), (fam, fitted.params[fam], prm)
@@ -190,7 +190,7 @@ def test_model_fit_recovers_parameters():
 def test_model_fit_is_non_negative():
     # Times that fall with size would need a negative beta: clamp it to 0.
     rows = [{"p": 2, "bytes": nb, "algorithm": "ring", "time_s": 1e-3 / (1 + nb / 1e6)} for nb in (8, 1 << 20, 1 << 24)]
-    prm = model.fit(rows).params["p2p"]
+    prm = modelfit.fit(rows).params["p2p"]
     assert all(v >= 0 for v in prm)
 
 

@@ -32,6 +32,50 @@ def _column(n, value, dtype=np.float64):
     return a, col
 
 
+# ---- buffers nobody but mpicoll holds, in flight ---------------------------------
+
+LIVE_N = 40000  # int32: 160 KB, where Open MPI sends after the I-call returns
+
+
+@pytest.mark.mpi
+def test_nonblocking_buffers_live_until_wait():
+    """Every buffer an i-form's MPI call reads or writes lives until wait(),
+    whoever else holds it: the input passed as a temporary (how most code
+    calls), the scratch a non-root rank of a reduce sends from, the private
+    copy of a strided input. mpi4py does not keep a nonblocking call's
+    buffers alive, and Open MPI reads a send buffer after the I-call has
+    returned: before the requests held them, the root got freed memory's
+    bytes (the next allocation's 7s, or allocator pointers) under Open MPI
+    at p = 2. MPICH sends at once, so there this test cannot fail."""
+    comm, r, p = _world()
+    n, root = LIVE_N, p // 2
+    mc = mpicoll.Comm(comm)
+    want = np.arange(n, dtype=np.int64) * (p * (p + 1) // 2)
+    for round_ in range(3):  # the first call builds its plan, the others hit the kept ones
+        kept_x = np.arange(n, dtype=np.int32) * (r + 1)
+        y = np.zeros(n, np.int32) if r == root else None
+        started = [
+            ("iallreduce(temporary)", mpicoll.iallreduce(np.arange(n, dtype=np.int32) * (r + 1), algorithm="mpi")),
+            ("ireduce(temporary)", mpicoll.ireduce(np.arange(n, dtype=np.int32) * (r + 1), root=root,
+                                                   algorithm="mpi")),
+            ("iallreduce(strided temporary)",
+             mpicoll.iallreduce(np.repeat(np.arange(n, dtype=np.int32) * (r + 1), 2)[::2], algorithm="mpi")),
+            ("Comm.Ireduce (non-root scratch)", mc.Ireduce(kept_x, y, MPI.SUM, root)),
+        ]
+        junk = [np.full(n, 7, np.int32) for _ in range(8)]  # reuses whatever was freed
+        wrong = []
+        for what, req in started:
+            got = req.wait() if hasattr(req, "wait") else (req.Wait(), y)[1]
+            if "reduce" in what.lower() and "allreduce" not in what and r != root:
+                continue
+            if got is None or not np.array_equal(got, want):
+                bad = np.flatnonzero(got != want) if got is not None else [0]
+                wrong.append(f"round {round_}, {what}: {len(bad)} elements wrong, first at {bad[0]}")
+        del junk
+        everyone = comm.allgather(wrong)
+        assert not any(everyone), {q: w for q, w in enumerate(everyone) if w}
+
+
 # ---- a strided input reused across calls -----------------------------------------
 
 @pytest.mark.mpi

@@ -5,12 +5,13 @@
 The last rank ("odd") is the one that misbehaves:
 
     skip   every rank makes one call together, then odd skips the next one
-           (for bcast odd is the root, so its partners need it)
+           (for bcast odd is the root, so its partners need it) and
+           lingers (LINGER_S) before it ends
     stall  as skip, but odd then stays busy for 60 s instead of ending:
            the others' uncaught timeout alone must end the job (nothing
            collective may run on their way out)
     first  odd skips the very first call on the communicator (mpicoll's state
-           is created collectively there)
+           is created collectively there), and lingers as in skip
     check  as skip, with check=True (the pre-flight allgather is what waits)
     count / dtype / op / root   odd passes a different count (n - 1),
            dtype (float64), op (max) or root (1), without check
@@ -42,6 +43,15 @@ comm = MPI.COMM_WORLD
 rank, p = comm.rank, comm.size
 odd = rank == p - 1
 N = 1000
+# How long a rank that skipped a call lingers before it ends normally; the
+# others' timeouts abort the job well before that. Ending at once, it would
+# wait in MPI_Finalize's PMI barrier (MPICH; seen with gdb) while the others
+# call MPI_Abort: a CI job once stayed there until the hard limit after
+# every other rank had reported its timeout. That is the launcher's
+# teardown, not what these cases test (tests/mpijob.py reports where a hung
+# job's processes wait, should it recur). ``stall`` lingers longer, to
+# check that nothing collective runs on the others' way out.
+LINGER_S = 5.0
 REDUCING = ("allreduce", "reduce_scatter", "reduce")
 
 
@@ -131,13 +141,13 @@ try:
         report("t0", f":{time.time():.3f}")
         if odd:
             report("skipped")
-            if case == "stall":
-                time.sleep(60)
+            time.sleep(60 if case == "stall" else tmo + LINGER_S)
         else:
             call(coll, alg, root=skip_root, chk=case == "check", persistent=req if mode == "persistent" else None)
     elif case == "first":
         if odd:
             report("skipped")
+            time.sleep(tmo + LINGER_S)
         else:
             call(coll, alg, root=skip_root, chk=check)
     elif case == "order":

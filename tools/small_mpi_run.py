@@ -2,7 +2,8 @@
 all-reduce algorithm on a few dtypes/ops and awkward counts, in place and
 not, plus reduce_scatter, allgather, bcast, reduce and a pre-flight check;
 wire compression (fp16, bf16, top-k: compress.c), the shared-memory
-all-reduce (its flag sync is shmsync.c), the nonblocking all-reduce and the
+all-reduce (its flag sync is shmsync.c), the C executor (executor.c: a
+repeated call of a compilable algorithm), the nonblocking all-reduce and the
 mpi4py drop-in ``mpicoll.Comm``, so that every C file runs.
 Run by ``make sanitize`` under valgrind (and under ASan) at p = 2:
 
@@ -21,6 +22,10 @@ for algorithm in mpicoll.algorithms("allreduce"):
         for n in (0, 1, p + 1, 1001, 20000):
             x = (np.arange(n) % 5 + rank).astype(dtype)
             y = mpicoll.allreduce(x, op=op, comm=comm, algorithm=algorithm)
+            # The same call again: a kept plan, which runs a compilable
+            # algorithm's recorded program in the C executor (executor.c).
+            assert mpicoll.allreduce(x, op=op, comm=comm, algorithm=algorithm).tobytes() == y.tobytes()
+            assert mpicoll.iallreduce(x, op=op, comm=comm, algorithm=algorithm).wait().tobytes() == y.tobytes()
             z = mpicoll.allreduce(x.copy(), op=op, comm=comm, algorithm=algorithm, out=None, check=True)
             assert y.tobytes() == z.tobytes()
             w = x.copy()

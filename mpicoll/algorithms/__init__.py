@@ -1,151 +1,21 @@
-"""The algorithm registry.
+"""The algorithms, one module each; importing this package registers them
+all in ``mpicoll.registry`` (which documents the schedules' signatures).
 
-Each module in this package implements one algorithm, for one or more
-collectives, as *schedules* (generator functions, see ``mpicoll.schedule``)
-with the collective's shared signature:
-
-====================  ==============================================  =========================
-collective            schedule signature                              on completion
-====================  ==============================================  =========================
-``allreduce``         ``fn(ctx, buf, red, src=None, **knobs)``        every rank's ``buf`` holds
-                                                                      the reduction
-``reduce_scatter``    ``fn(ctx, buf, red, bounds, **knobs)``          ``buf[bounds[rank]]`` holds
-                                                                      this rank's reduced block
-``allgather``         ``fn(ctx, buf, bounds, **knobs)``               every block everywhere
-``bcast``             ``fn(ctx, buf, root, **knobs)``                 root's ``buf`` everywhere
-``reduce``            ``fn(ctx, buf, red, root, **knobs)``            root's ``buf`` holds the
-                                                                      reduction
-``scatter``           ``fn(ctx, buf, bounds, root, **knobs)``         each rank's ``buf`` holds
-                                                                      its block of root's ``buf``
-``gather``            ``fn(ctx, buf, bounds, root, **knobs)``         root's ``buf[bounds[i]]``
-                                                                      holds rank i's ``buf``
-``allgatherv``        ``fn(ctx, buf, bounds, **knobs)``               as allgather (uneven blocks)
-``alltoall``          ``fn(ctx, src, dst, sbounds, rbounds,           ``dst[rbounds[i]]`` holds
-                      **knobs)``                                      rank i's ``src[sbounds[me]]``
-``alltoallv``         as alltoall                                     as alltoall (uneven blocks)
-====================  ==============================================  =========================
-
-``ctx`` is the call's ``schedule.Context`` (rank, size, operations,
-scratch); ``buf`` is a contiguous 1-D *storage* array (float16/bfloat16 as
-uint16) that the algorithm may overwrite; ``red`` is a
-``kernels.Reduction``; ``src``, when given, is the input and ``buf`` only
-the output (out-of-place calls: the algorithm may fold the copy into its
-first step); ``bounds`` is ``[(start, stop)]`` per rank, in elements.
-
-The data-movement collectives added with scatter (scatter, gather,
-allgatherv, alltoall, alltoallv) work on uint8 storage (nothing is reduced,
-so bounds are in bytes). For scatter and gather, ``buf`` is the whole
-buffer (every rank's block, at ``bounds``) on the root and only this rank's
-block elsewhere; the root's own block is placed by the plan layer, never by
-the schedule. For alltoall(v), ``src`` and ``dst`` never overlap (the plan
-layer copies an in-place input first) and the schedule copies the rank's
-own block itself; alltoall's blocks are all the same length.
-
-Algorithms register with ``@register(collective, name, knobs=...)``;
-``knobs`` names the keyword arguments a tuning profile may set (checked
-when a profile is loaded), ``prepare(st, nbytes)`` is an optional hook the
-plan layer calls at call time, ``prepare(st, buf, **knobs)``, before the
-schedule runs (collective set-up such as a shared-memory window: every
-rank makes calls in the same order, so call time is a safe moment for
-collective set-up, while a nonblocking schedule's later steps are not), and ``native`` marks the MPI library's own
-collective (the plan layer may then call it directly, or use MPI's
-persistent form).
-
-The registry's entries are also callable with a blocking signature,
-``get("allreduce", "ring")(st, buf, red, src=None, **knobs)``, which runs
-the schedule with the blocking driver (for benchmarks and tests).
+``mpicoll.algorithms("allreduce")`` lists the names ``algorithm=`` accepts;
+``register``, ``get``, ``has``, ``names`` are the registry's, kept here too.
 """
 from __future__ import annotations
 
 import sys as _sys
-from typing import Callable, Dict, Optional, Tuple
 
-COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "bcast", "reduce",
-               "scatter", "gather", "allgatherv", "alltoall", "alltoallv")
-
-
-class Algorithm:
-    """One registered algorithm of one collective."""
-
-    __slots__ = ("collective", "name", "schedule", "knobs", "prepare", "native", "doc")
-
-    def __init__(self, collective: str, name: str, schedule: Callable, knobs: Tuple[str, ...] = (),
-                 prepare: Optional[Callable] = None, native: Optional[Callable] = None):
-        self.collective = collective
-        self.name = name
-        self.schedule = schedule
-        self.knobs = tuple(knobs)
-        self.prepare = prepare
-        self.native = native
-        self.doc = schedule.__doc__
-
-    def check_knobs(self, knobs: dict, where: str = "") -> None:
-        bad = sorted(set(knobs) - set(self.knobs))
-        if bad:
-            have = ", ".join(self.knobs) or "none"
-            raise ValueError(f"mpicoll: {where}{self.collective} algorithm {self.name!r} has no knob "
-                             f"{', '.join(map(repr, bad))} (its knobs: {have})")
-
-    def __call__(self, st, *args, **knobs):
-        """Blocking run on CommState ``st`` (benchmarks, tests)."""
-        from .. import schedule
-
-        if "src" in knobs:  # allreduce(st, buf, red, src=x): the input of an out-of-place call
-            args = args + (knobs.pop("src"),)
-        if self.prepare is not None:
-            self.prepare(st, args[0], **knobs)
-        seq, tag = st.next_seq()
-        ctx = schedule.Context(st, tag, st.pool, (self.collective, self.name, _nbytes_of(args), seq))
-        schedule.run(self.schedule(ctx, *args, **knobs))
-
-    def __repr__(self):
-        return f"<mpicoll algorithm {self.collective}/{self.name}>"
-
-
-def _nbytes_of(args) -> int:
-    return int(getattr(args[0], "nbytes", 0)) if args else 0
-
-
-_REGISTRY: Dict[str, Dict[str, Algorithm]] = {c: {} for c in COLLECTIVES}
-
-
-def register(collective: str, name: str, *, knobs=(), prepare=None, native=None):
-    def deco(fn):
-        table = _REGISTRY[collective]
-        if name in table or name == "auto":
-            raise ValueError(f"algorithm {name!r} registered twice for {collective}")
-        table[name] = Algorithm(collective, name, fn, knobs, prepare, native)
-        return fn
-
-    return deco
-
-
-def get(collective: str, name: str) -> Algorithm:
-    try:
-        return _REGISTRY[collective][name]
-    except KeyError:
-        if collective not in _REGISTRY:
-            raise ValueError(f"mpicoll: unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}") from None
-        raise ValueError(f"mpicoll: unknown {collective} algorithm {name!r}; "
-                         f"known: {', '.join(names(collective))}") from None
-
-
-def names(collective: str = "allreduce") -> list:
-    """Registered algorithm names for a collective, with 'auto' first."""
-    if collective not in _REGISTRY:
-        raise ValueError(f"mpicoll: unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
-    return ["auto"] + sorted(_REGISTRY[collective])
-
-
-def has(collective: str, name: str) -> bool:
-    return name in _REGISTRY[collective]
-
+from ..registry import (COLLECTIVES, RENAMED, Algorithm, canonical, get, has, names,  # noqa: F401
+                        register)
 
 # Importing the modules registers their algorithms.
 from . import mpi, rabenseifner, recursive_doubling, ring, tree  # noqa: E402,F401
 from . import hierarchical, shm  # noqa: E402,F401  (shared-memory and two-level all-reduce)
-from . import binomial, bruck, linear, mpi_family, pairwise, ring_family  # noqa: E402,F401  (scatter ... alltoallv)
-from . import cascade, hetero_ring, knomial  # noqa: E402,F401  (issue 20: the seeds' algorithms)
+from . import bruck, linear, mpi_family, pairwise, ring_family, tree_family  # noqa: E402,F401  (scatter ... alltoallv)
+from . import cascade, hetero_ring, knomial  # noqa: E402,F401  (the seeds' algorithms)
 
 
 # ``mpicoll.algorithms("allreduce")`` lists names, and ``mpicoll.algorithms``

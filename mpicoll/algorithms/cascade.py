@@ -53,8 +53,7 @@ Limitations:  Intra-node messages go through MPI (the ``hierarchical``
 """
 from __future__ import annotations
 
-from . import get as _get
-from . import register
+from ..registry import get as _get, register
 from .common import block_bounds
 from ..node import node_info
 

@@ -52,7 +52,8 @@ import math
 
 import numpy as np
 
-from . import recursive_doubling, register, ring
+from . import recursive_doubling, ring
+from ..registry import register
 from ..model import weighted_cuts
 from .common import block_bounds
 
@@ -150,7 +151,8 @@ def prepare(st, buf, **knobs) -> None:
         st.extra["hetero_ring"] = tuple(weights_for_links(measure_links(st)))
 
 
-@register("allreduce", "hetero_ring", knobs=("weights", "segment_bytes"), prepare=prepare)
+@register("allreduce", "hetero_ring", knobs=("weights", "segment_bytes"), prepare=prepare,
+          compilable=True)
 def allreduce(ctx, buf, red, src=None, *, weights=None, segment_bytes=ring.SEGMENT_BYTES):
     p = ctx.size
     _check_weights(weights, p)

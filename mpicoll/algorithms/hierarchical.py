@@ -23,10 +23,12 @@ Description:  Runs the ``shm`` pipeline (see shm.py) chunk by chunk; between
               all-reduces the whole chunk with the other nodes' local rank 0
               while the node's other ranks wait, and puts the slices back.
 
-              The inter-node all-reduce is mpicoll's own choice for the cross
-              communicator (``select.allreduce`` with one rank per node:
-              native MPI_Allreduce for MPI dtypes, ring/Rabenseifner/recursive
-              doubling for float16/bfloat16), run in place on the window.
+              The inter-node all-reduce is auto's choice for the cross
+              communicator (``select.allreduce`` with one rank per node and
+              that communicator's tuning profile; never a node-level
+              algorithm: native MPI_Allreduce for MPI dtypes by default,
+              ring/Rabenseifner/recursive doubling for float16/bfloat16),
+              run in place on the window.
 Cost:         Intra-node as in shm.py (no network). Across nodes, per rank
               and N nodes, the cross all-reduce of n/k bytes: with a ring,
               2 (N-1)/N * n/k bytes sent by each rank, versus 2 (p-1)/p * n
@@ -43,18 +45,24 @@ Limitations:  The order of the floating-point operations is node-partial
 """
 from __future__ import annotations
 
-from . import get as _get
-from . import register, shm
+from . import shm
+from ..registry import get as _get, has, register
 from .. import select
 from ..mpitypes import reduces_natively
 from ..node import node_info
 
 
+# Algorithms the cross communicator (one rank per node) may run: not the
+# node-level ones, which would recurse into this one.
+_NODE_LEVEL = ("shm", "hierarchical", "cascade")
+
+
 def _cross_choice(cst, view, red):
-    # One rank per node on the cross communicator: the select rule never
-    # picks shm/hierarchical there, so this cannot recurse.
+    # auto's choice for the cross communicator as for any other: its tuning
+    # profile's rules, its model, the defaults (select.py).
     return select.allreduce(cst.size, view.nbytes, red.op.name, red.dtype.name,
-                            native_dtype=reduces_natively(red.dtype, red.op)).name
+                            native_dtype=reduces_natively(red.dtype, red.op), profile=cst.profile,
+                            available=lambda a: a not in _NODE_LEVEL and has("allreduce", a)).name
 
 
 def _cross_allreduce(ctx, info, view, red):

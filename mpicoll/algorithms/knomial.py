@@ -46,7 +46,7 @@ Limitations:  Moves the whole vector on every edge (latency-optimal only).
 """
 from __future__ import annotations
 
-from . import register
+from ..registry import register
 
 # Radix 4 halves the binomial tree's rounds for 1.5x its bytes at the root:
 # the short-message trade this algorithm is for.
@@ -59,11 +59,11 @@ def _check_radix(radix) -> int:
     return radix
 
 
-@register("allreduce", "knomial", knobs=("radix",))
+@register("allreduce", "knomial", knobs=("radix",), compilable=True)
 def allreduce(ctx, buf, red, src=None, *, radix=RADIX):
     _check_radix(radix)
     if src is not None:
-        buf[...] = src
+        ctx.copy(buf, src)
     yield from knomial_reduce(ctx, buf, red, 0, radix)
     yield from knomial_bcast(ctx, buf, 0, radix)
 

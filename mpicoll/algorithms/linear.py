@@ -23,7 +23,7 @@ Limitations:  The root's link carries everything and its start-up cost grows
 """
 from __future__ import annotations
 
-from . import register
+from ..registry import register
 
 
 @register("scatter", "linear")

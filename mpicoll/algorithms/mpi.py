@@ -34,9 +34,10 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from . import register
+from ..registry import register
 from ..kernels import Reduction
 from ..mpitypes import reduces_natively
+from ..schedule import scratch
 
 _user_ops = {}
 
@@ -96,13 +97,15 @@ def allreduce_call(comm, buf, red, src=None) -> NativeCall:
                       init and (lambda: init(sb, rb, op)))
 
 
-def reduce_scatter_call(comm, buf, red, bounds, scratch) -> NativeCall:
+def reduce_scatter_call(comm, buf, red, bounds, pool=None) -> NativeCall:
     datatype, op = _typed(red)
     counts = [b - a for a, b in bounds]
     a, b = bounds[comm.Get_rank()]
     # MPI_Reduce_scatter writes this rank's block to the front of the
-    # receive buffer; reduce out of place into scratch, then place it.
-    out = scratch[:b - a]
+    # receive buffer; reduce out of place into scratch (from the call's
+    # scratch pool), then place it.
+    longest = max(hi - lo for lo, hi in bounds)
+    out = scratch({} if pool is None else pool, "mpi_rs", longest, buf.dtype)[:b - a]
     sb, rb = [buf, datatype], [out, datatype]
     init = _init(comm, "Reduce_scatter")
 
@@ -150,22 +153,21 @@ def allreduce(ctx, buf, red, src=None):
     yield from _run(ctx, allreduce_call(ctx.comm, buf, red, src))
 
 
-@register("reduce_scatter", "mpi")
+@register("reduce_scatter", "mpi", native=reduce_scatter_call)
 def reduce_scatter(ctx, buf, red, bounds):
-    longest = max(b - a for a, b in bounds)
-    yield from _run(ctx, reduce_scatter_call(ctx.comm, buf, red, bounds, ctx.scratch("mpi_rs", longest, buf.dtype)))
+    yield from _run(ctx, reduce_scatter_call(ctx.comm, buf, red, bounds, ctx.pool))
 
 
-@register("allgather", "mpi")
+@register("allgather", "mpi", native=allgather_call)
 def allgather(ctx, buf, bounds):
     yield from _run(ctx, allgather_call(ctx.comm, buf, bounds))
 
 
-@register("bcast", "mpi")
+@register("bcast", "mpi", native=bcast_call)
 def bcast(ctx, buf, root):
     yield from _run(ctx, bcast_call(ctx.comm, buf, root))
 
 
-@register("reduce", "mpi")
+@register("reduce", "mpi", native=reduce_call)
 def reduce(ctx, buf, red, root):
     yield from _run(ctx, reduce_call(ctx.comm, buf, red, root))

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from mpi4py import MPI
 
-from . import register
+from ..registry import register
 from .mpi import NativeCall, _init, _run
 
 BYTE = MPI.BYTE

@@ -23,7 +23,7 @@ Limitations:  p-1 serialised latencies: for short blocks Bruck's log2(p)
 """
 from __future__ import annotations
 
-from . import register
+from ..registry import register
 
 
 def exchange(ctx, src, dst, sbounds, rbounds, peers, window, label):

@@ -25,11 +25,12 @@ Limitations:  With fewer elements than pof2 the blocks would be empty; it
 """
 from __future__ import annotations
 
-from . import recursive_doubling, register
+from . import recursive_doubling
+from ..registry import register
 from .common import Fold, block_bounds
 
 
-@register("allreduce", "rabenseifner")
+@register("allreduce", "rabenseifner", compilable=True)
 def allreduce(ctx, buf, red, src=None):
     n = buf.size
     fold = Fold.of(ctx.rank, ctx.size)
@@ -37,7 +38,7 @@ def allreduce(ctx, buf, red, src=None):
         yield from recursive_doubling.allreduce(ctx, buf, red, src)
         return
     if src is not None:
-        buf[...] = src
+        ctx.copy(buf, src)
     yield from fold.fold_in(ctx, buf, red)
     if fold.newrank >= 0:
         yield from _halving_doubling(ctx, buf, red, fold)

@@ -20,14 +20,14 @@ Limitations:  Moves the whole vector every round, so it is for short
 """
 from __future__ import annotations
 
-from . import register
+from ..registry import register
 from .common import Fold
 
 
-@register("allreduce", "recursive_doubling")
+@register("allreduce", "recursive_doubling", compilable=True)
 def allreduce(ctx, buf, red, src=None):
     if src is not None:
-        buf[...] = src
+        ctx.copy(buf, src)
     fold = Fold.of(ctx.rank, ctx.size)
     yield from fold.fold_in(ctx, buf, red)
     if fold.newrank >= 0:

@@ -46,7 +46,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import recursive_doubling, register
+from . import recursive_doubling
+from ..registry import register
 from .common import block_bounds, split_range
 
 # Gloo caps ring segments at 1 MiB; measured here, 1 MiB segments cost
@@ -54,7 +55,7 @@ from .common import block_bounds, split_range
 SEGMENT_BYTES = 1 << 20
 
 
-@register("allreduce", "ring", knobs=("segment_bytes",))
+@register("allreduce", "ring", knobs=("segment_bytes",), compilable=True)
 def allreduce(ctx, buf, red, src=None, *, segment_bytes=SEGMENT_BYTES):
     if buf.size < ctx.size:
         yield from recursive_doubling.allreduce(ctx, buf, red, src)
@@ -113,7 +114,7 @@ def _reduce_scatter(ctx, buf, red, bounds, segment_bytes, src):
     own = buf if src is None else src
     if ctx.size == 1:  # one rank: its data is the result (a send to itself would go unreceived)
         if src is not None:
-            buf[...] = src
+            ctx.copy(buf, src)
         return
 
     def combine(a, b, partial):

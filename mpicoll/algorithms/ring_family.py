@@ -27,7 +27,7 @@ Limitations:  allgatherv's steps are as slow as the longest block they
 """
 from __future__ import annotations
 
-from . import register
+from ..registry import register
 from .pairwise import exchange
 from .ring import ring_allgather
 
@@ -45,11 +45,11 @@ def _shifts(r, p):
     return [((r + k) % p, (r - k) % p) for k in range(1, p)]
 
 
-@register("alltoall", "ring", knobs=("window",))
+@register("alltoall", "shift", knobs=("window",))
 def alltoall(ctx, src, dst, sbounds, rbounds, *, window=WINDOW):
     yield from exchange(ctx, src, dst, sbounds, rbounds, _shifts(ctx.rank, ctx.size), max(1, int(window)), "ring")
 
 
-@register("alltoallv", "ring", knobs=("window",))
+@register("alltoallv", "shift", knobs=("window",))
 def alltoallv(ctx, src, dst, sbounds, rbounds, *, window=WINDOW):
     yield from exchange(ctx, src, dst, sbounds, rbounds, _shifts(ctx.rank, ctx.size), max(1, int(window)), "ring")

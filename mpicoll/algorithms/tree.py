@@ -22,13 +22,13 @@ Limitations:  Moves the whole vector at every level, so it only suits short
 """
 from __future__ import annotations
 
-from . import register
+from ..registry import register
 
 
-@register("allreduce", "tree")
+@register("allreduce", "tree", compilable=True)
 def allreduce(ctx, buf, red, src=None):
     if src is not None:
-        buf[...] = src
+        ctx.copy(buf, src)
     yield from binomial_reduce(ctx, buf, red, 0)
     yield from binomial_bcast(ctx, buf, 0)
 

@@ -112,7 +112,7 @@ def main(argv=None) -> int:
     sizes, rows, bucketer, ov = run(comm, args.mib, args.repeat, args.work)
     if comm.rank == 0:
         print(f"{len(sizes)} float32 gradients, {sum(sizes) * 4 / 2**20:.1f} MiB, p={comm.size}, best of "
-              f"{args.repeat}; progress thread: {mpicoll.nonblocking.progress_thread_active()}")
+              f"{args.repeat}; progress thread: {mpicoll.progress_thread_active()}")
         print(f"buckets: {len(bucketer.buckets)} of {[round(b / 2**20, 2) for b in bucketer.bucket_nbytes()]} MiB")
         base = rows[0][1]
         print(f"{'method':<20} {'ms':>9} {'speed-up vs per-array':>22}")

@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 from .. import dtypes, kernels, ops
-from ..dtypes import BFLOAT16_NUMPY
+from ..dtypes import bfloat16_numpy
 from ..kernels import Reduction
 
 TARGETS = {"float32": 0.9, "float64": 0.9, "int32": 0.9, "float16": 10.0}
@@ -43,9 +43,10 @@ def _arrays(name, n, rng):
     if name == "bfloat16":
         a = rng.standard_normal(n, dtype=np.float32)
         b = rng.standard_normal(n, dtype=np.float32)
-        if BFLOAT16_NUMPY is None:
+        bf16 = bfloat16_numpy()
+        if bf16 is None:
             return kernels.f32_to_bf16(a), kernels.f32_to_bf16(b), None
-        return a.astype(BFLOAT16_NUMPY), b.astype(BFLOAT16_NUMPY), True
+        return a.astype(bf16), b.astype(bf16), True
     dt = np.dtype(name)
     if dt.kind == "f":
         return rng.standard_normal(n).astype(dt), rng.standard_normal(n).astype(dt), True

@@ -7,6 +7,7 @@ progress mode, as ``osu_iallreduce`` measures it:
 * pure communication ``t_pure``: start, then wait at once;
 * compute ``t_compute``: a GIL-releasing numpy kernel that runs for
   ``t_pure`` of wall-clock time (OSU's dummy compute), timed on its own;
+  ``--compute python``: a pure-Python loop that holds the GIL instead;
 * overall ``t_overall``: start, compute (no test() calls), wait;
 * overlap % = 100 * max(0, 1 - (t_overall - t_compute) / t_pure): the share
   of the communication hidden behind the computation.
@@ -31,7 +32,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from .. import nonblocking
+from .. import api, engine
+from ..registry import names as _names
 
 
 class Compute:
@@ -52,6 +54,24 @@ class Compute:
                 np.add(a, 1e-9, out=a)
 
 
+class PythonCompute:
+    """A computation in pure Python that holds the GIL (a training loop's
+    bookkeeping, a Python-level solver): the progress thread gets its turn
+    only when the interpreter forces a switch (engine.SWITCH_INTERVAL while
+    operations are outstanding)."""
+
+    def run(self, seconds):
+        end = time.perf_counter() + seconds
+        s = 0
+        while time.perf_counter() < end:
+            for i in range(200):
+                s += i * i
+        return s
+
+
+COMPUTES = {"numpy": Compute, "python": PythonCompute}
+
+
 def _sync_max(comm, t):
     return comm.allreduce(t, op=MPI.MAX)
 
@@ -68,8 +88,8 @@ def measure(comm, nbytes, algorithm, mode, compute, repeat, budget_s=1.0):
     n = nbytes // 4
     x = np.ones(n, np.float32)
     out = np.empty_like(x)
-    nonblocking.set_progress_thread(mode == "thread")
-    iallreduce = nonblocking.iallreduce
+    engine.set_progress_thread(mode == "thread")
+    iallreduce = api.iallreduce
     # warm-up (the first call creates the communicator state and pages in buffers)
     t = time.perf_counter()
     iallreduce(x, comm=comm, out=out, algorithm=algorithm).wait()
@@ -115,10 +135,12 @@ def blocking_time(comm, nbytes, repeat):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mpicoll.bench overlap", description=__doc__.splitlines()[0])
     ap.add_argument("--sizes-mib", default="1,2,4,8,16,32,64", help="comma-separated message sizes in MiB")
-    ap.add_argument("--algorithms", default=",".join(nonblocking.names()[1:]),
-                    help=f"from {', '.join(nonblocking.names())} (default: all but auto)")
+    ap.add_argument("--algorithms", default=",".join(_names("allreduce")[1:]),
+                    help=f"from {', '.join(_names('allreduce'))} (default: all but auto)")
     ap.add_argument("--modes", default="thread,none", help="progress modes: thread, none")
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--compute", default="numpy", help="what overlaps: numpy (releases the GIL), python "
+                    "(a pure-Python loop that holds it), or both, comma-separated")
     args = ap.parse_args(argv)
     comm = MPI.COMM_WORLD
     sizes = [int(float(s) * (1 << 20)) for s in args.sizes_mib.split(",")]
@@ -128,24 +150,26 @@ def main(argv=None) -> int:
         if comm.rank == 0:
             print("MPI_THREAD_MULTIPLE not available: no progress thread; measuring 'none' only")
         modes = [m for m in modes if m != "thread"]
-    compute = Compute()
-    was = nonblocking._engine.enabled
+    computes = [(k, COMPUTES[k]()) for k in args.compute.split(",")]
+    was = engine._engine.enabled
     if comm.rank == 0:
         print(f"# iallreduce overlap, float32 sum, p={comm.size}, {MPI.Get_library_version().splitlines()[0]}")
         print(f"# best of 'runs' (>= {args.repeat}); times in ms (slowest rank); "
               "MPI_Allreduce = blocking native call, for reference")
-        print(f"{'MiB':>5} {'algorithm':>18} {'progress':>8} {'pure comm':>10} {'compute':>9} {'overall':>9} "
-              f"{'overlap %':>9} {'MPI_Allreduce':>13} {'runs':>5}")
+        print(f"{'MiB':>5} {'algorithm':>18} {'progress':>8} {'compute':>7} {'pure comm':>10} {'compute':>9} "
+              f"{'overall':>9} {'overlap %':>9} {'MPI_Allreduce':>13} {'runs':>5}")
     try:
         for nbytes in sizes:
             t_block = blocking_time(comm, nbytes, args.repeat)
             for algorithm in algorithms:
                 for mode in modes:
-                    t_pure, t_comp, t_all, ovl, reps = measure(comm, nbytes, algorithm, mode, compute, args.repeat)
-                    if comm.rank == 0:
-                        print(f"{nbytes / (1 << 20):5.0f} {algorithm:>18} {mode:>8} {t_pure * 1e3:10.2f} "
-                              f"{t_comp * 1e3:9.2f} {t_all * 1e3:9.2f} {ovl:9.1f} {t_block * 1e3:13.2f} {reps:5d}",
-                              flush=True)
+                    for kind, compute in computes:
+                        t_pure, t_comp, t_all, ovl, reps = measure(comm, nbytes, algorithm, mode, compute,
+                                                                   args.repeat)
+                        if comm.rank == 0:
+                            print(f"{nbytes / (1 << 20):5.0f} {algorithm:>18} {mode:>8} {kind:>7} "
+                                  f"{t_pure * 1e3:10.2f} {t_comp * 1e3:9.2f} {t_all * 1e3:9.2f} {ovl:9.1f} "
+                                  f"{t_block * 1e3:13.2f} {reps:5d}", flush=True)
     finally:
-        nonblocking.set_progress_thread(was)
+        engine.set_progress_thread(was)
     return 0

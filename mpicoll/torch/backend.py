@@ -54,12 +54,14 @@ a group by name, so a Python ProcessGroup must define ``setGroupName`` /
 "ProcessGroup name not set"; the Python API of 2.13 calls
 ``all_gather_single`` / ``reduce_scatter_single`` for the *_tensor forms and
 the functional collectives call the ``*_tensor_coalesced`` methods.
+
+This module is the ProcessGroup and its registration; the tensor views and
+op tables are in tensors.py, the Work handles in work.py, each group's MPI
+communicator in communicators.py, the futures' completion in _completion.py.
 """
 from __future__ import annotations
 
 import math
-import threading
-import time
 from datetime import timedelta
 
 import numpy as np
@@ -68,277 +70,13 @@ import torch.distributed as dist
 from mpi4py import MPI
 
 import mpicoll
-from mpicoll import engine as _engine
 
-from . import _completion
+from .communicators import _comm_for, deadline_of
+from .tensors import _RED, _contiguous, _split_bytes, as_bytes, as_bytes_tensor, op_name, reducible, rows
+from .work import Work, _Joined, _RecvAny, _StatusRequest
 
 BACKEND_NAME = "mpicoll"
 
-_RED = dist.ReduceOp.RedOpType
-# Keyed by the op's int value: hashing the pybind enum itself costs more.
-OPS = {int(_RED.SUM): "sum", int(_RED.PRODUCT): "prod", int(_RED.MIN): "min", int(_RED.MAX): "max",
-       int(_RED.AVG): "avg", int(_RED.BAND): "band", int(_RED.BOR): "bor", int(_RED.BXOR): "bxor"}
-# bool tensors are reduced as uint8 0/1: sum is "any", product is "all" (NCCL's choice too).
-BOOL_OPS = {int(_RED.SUM): "max", int(_RED.PRODUCT): "min", int(_RED.MIN): "min", int(_RED.MAX): "max",
-            int(_RED.BAND): "band", int(_RED.BOR): "bor", int(_RED.BXOR): "bxor"}
-
-
-# ---- tensors as numpy views ---------------------------------------------------
-
-def _contiguous(t: torch.Tensor):
-    """(tensor to work on, tensor to copy the result back into or None)."""
-    if not t.is_cpu:
-        raise ValueError(f"mpicoll backend: CPU tensors only, got a tensor on {t.device}")
-    t = t.detach()
-    if t.is_contiguous():
-        return t, None
-    return t.contiguous(), t
-
-
-def reducible(t: torch.Tensor):
-    """(numpy view of contiguous ``t``'s memory, mpicoll dtype= argument)."""
-    if t.dtype is torch.bfloat16:
-        return t.view(torch.int16).numpy().view(np.uint16), "bfloat16"
-    if t.dtype is torch.bool:
-        return t.view(torch.uint8).numpy(), None
-    return t.numpy(), None
-
-
-def as_bytes(t: torch.Tensor) -> np.ndarray:
-    """A flat uint8 numpy view of contiguous ``t`` (any dtype)."""
-    if t.numel() == 0:
-        return np.empty(0, np.uint8)
-    return t.reshape(-1).view(torch.uint8).numpy()
-
-
-def op_name(opts_op, dtype: torch.dtype) -> str:
-    red = opts_op.op if isinstance(opts_op, dist.ReduceOp) else opts_op
-    table = BOOL_OPS if dtype is torch.bool else OPS
-    try:
-        return table[int(red)]
-    except KeyError:
-        raise ValueError(f"mpicoll backend: reduce op {red} is not supported for {dtype}; "
-                         f"supported: {', '.join(sorted(table.values()))}") from None
-
-
-# ---- work ---------------------------------------------------------------------
-
-class Work(dist._Work):
-    """One collective's handle: ``wait()``, ``is_completed()``, ``get_future()``.
-
-    ``reqs`` are mpicoll or MPI requests (None: already complete);
-    ``finish()`` runs once after they complete (copy-backs of
-    non-contiguous tensors, the list forms' copies) on whichever thread sees
-    completion first. ``deadline`` (seconds from now, None: none) bounds
-    ``wait()`` for work whose requests are MPI's own (mpicoll's requests
-    carry their deadline themselves); ``what`` names the work in the
-    ``CollectiveTimeout`` raised when it passes."""
-
-    def __init__(self, result, reqs=(), finish=None, deadline=None, what="torch work"):
-        super().__init__()
-        self._deadline = None if deadline is None else time.monotonic() + deadline
-        self._deadline_s = deadline
-        self._what = what
-        self._result = result
-        # MPI requests are handed to the engine here: only it tests them from now on.
-        self._reqs = [_completion.adopt(r) for r in reqs if r is not None]
-        self._finish = finish
-        self._lock = threading.Lock()
-        self._done = not self._reqs
-        self._error = None
-        self._future = None
-        if self._done and finish is not None:
-            finish()
-
-    def _settle(self, error=None) -> None:
-        with self._lock:
-            if self._done:
-                return
-            self._done = True
-            self._reqs = []
-            if error is None and self._finish is not None:
-                try:
-                    self._finish()
-                except BaseException as exc:
-                    error = exc
-            self._error = error
-        fut = self._future
-        if fut is not None:
-            if error is None:
-                fut.set_result(self._result)
-            else:
-                fut.set_exception(error)
-
-    def wait(self, timeout=None) -> bool:
-        """Wait for completion; ``timeout`` (a timedelta, as torch passes it;
-        zero means none) raises ``mpicoll.CollectiveTimeout`` if the work has
-        not completed by then. The collective then stays outstanding: as with
-        torch's own backends, the group is broken (end the job)."""
-        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else (timeout or 0)
-        own = self._deadline is not None and (seconds <= 0 or self._deadline <= time.monotonic() + seconds)
-        if not self._done and (seconds > 0 or own):
-            deadline = self._deadline if own else time.monotonic() + seconds
-            polls = 0
-            while not self.is_completed():
-                if time.monotonic() > deadline:
-                    if own:
-                        raise self._expired()
-                    raise mpicoll.CollectiveTimeout(
-                        f"mpicoll backend: work not completed within Work.wait(timeout={seconds:g} s); "
-                        "the collective is still outstanding", collective="torch work")
-                _engine.progress()  # mpicoll's operations advance while this work is waited for
-                polls += 1
-                if polls > 1000:
-                    time.sleep(0)
-        if not self._done:
-            try:
-                for r in list(self._reqs):
-                    _completion.wait(r)
-            except BaseException as exc:
-                self._settle(exc)
-            else:
-                self._settle()
-        if self._error is not None:
-            raise self._error
-        return True
-
-    def _expired(self) -> mpicoll.CollectiveTimeout:
-        rank = MPI.COMM_WORLD.Get_rank()
-        return mpicoll.CollectiveTimeout(
-            f"mpicoll backend: {self._what} timed out on rank {rank}: it passed its timeout of "
-            f"{self._deadline_s:g} s and is still outstanding", collective=self._what, rank=rank)
-
-    def is_completed(self) -> bool:
-        if not self._done and all(_completion.is_done(r) for r in list(self._reqs)):
-            self._settle()
-        return self._done
-
-    def is_success(self) -> bool:
-        return self.is_completed() and self._error is None
-
-    def exception(self):
-        return self._error
-
-    def result(self):
-        return self._result
-
-    def get_future(self) -> torch.futures.Future:
-        with self._lock:
-            if self._future is None:
-                self._future = torch.futures.Future()
-                if self._done:
-                    if self._error is None:
-                        self._future.set_result(self._result)
-                    else:
-                        self._future.set_exception(self._error)
-                    return self._future
-                pending = list(self._reqs)
-            else:
-                return self._future
-        remaining = [len(pending)]
-        count_lock = threading.Lock()
-
-        def one_done(err):
-            if err is not None:
-                self._settle(err)
-                return
-            with count_lock:
-                remaining[0] -= 1
-                last = remaining[0] == 0
-            if last:
-                self._settle()
-
-        for r in pending:
-            _completion.when_done(r, one_done)
-        if self._deadline is not None:  # nobody may call wait(): the future fails at the deadline itself
-            timer = threading.Timer(max(0.0, self._deadline - time.monotonic()),
-                                    lambda: self._done or self._settle(self._expired()))
-            timer.daemon = True
-            timer.start()
-        return self._future
-
-
-class _RecvAny(Work):
-    """A receive from any source: ``_source_rank()`` (what ``dist.recv``
-    asks once the work is complete) is the sender's rank in the group."""
-
-    def __init__(self, result, req, finish):
-        super().__init__(result, [req], finish)
-        self._req = req
-
-    def _source_rank(self) -> int:
-        return self._req.status.Get_source()
-
-
-class _Joined(Work):
-    """Several works completed as one (the coalesced forms)."""
-
-    def __init__(self, result, works):
-        dist._Work.__init__(self)
-        self._result = result
-        self._works = works
-        self._future = None
-
-    def wait(self, timeout=None) -> bool:
-        for w in self._works:
-            w.wait()
-        return True
-
-    def is_completed(self) -> bool:
-        return all(w.is_completed() for w in self._works)
-
-    def get_future(self):
-        if self._future is None:
-            futs = [w.get_future() for w in self._works]
-            self._future = torch.futures.collect_all(futs).then(lambda _: self._result)
-        return self._future
-
-
-# ---- communicators ------------------------------------------------------------
-
-_world_comm = None  # MPI.COMM_WORLD, or a split of it in torch's rank order
-
-
-def _comm_for(group_rank: int, group_size: int, global_ranks) -> MPI.Intracomm:
-    """The MPI communicator of a new process group (collective over its members)."""
-    global _world_comm
-    world = MPI.COMM_WORLD
-    ranks = list(global_ranks or [])
-    default = dist.GroupMember.WORLD is None  # the default group is being created
-    if default or not ranks:
-        if group_size != world.Get_size():
-            raise ValueError(f"mpicoll backend: the world group has {group_size} ranks but MPI.COMM_WORLD "
-                             f"{world.Get_size()}; launch every rank with mpiexec")
-        in_order = world.allreduce(int(group_rank != world.Get_rank()), op=MPI.SUM) == 0
-        base = world if in_order else world.Split(0, key=group_rank)
-        if default:
-            _world_comm = base
-        return base.Dup()
-    base = _world_comm if _world_comm is not None else world
-    if base is world and dist.get_rank() != world.Get_rank():
-        raise RuntimeError("mpicoll backend: a subgroup under a non-mpicoll default group needs torch's ranks "
-                           "to be MPI's: initialise with init_method='mpi://'")
-    group = base.Get_group().Incl(ranks)
-    try:
-        comm = base.Create_group(group, tag=0)
-    finally:
-        group.Free()
-    return comm
-
-
-def deadline_of(timeout) -> float | None:
-    """A process group's timeout as mpicoll's ``timeout=`` (seconds), None for
-    torch's default (see the module docstring)."""
-    if timeout is None or not isinstance(timeout, timedelta):
-        return None
-    from torch.distributed.constants import default_pg_timeout
-
-    if timeout == default_pg_timeout or timeout <= timedelta(0):
-        return None
-    return timeout.total_seconds()
-
-
-# ---- the process group --------------------------------------------------------
 
 def _is_async(opts) -> bool:
     """Options without ``asyncOp`` (as from DDP's reducer, which passes none)
@@ -670,52 +408,6 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
 
     def __repr__(self):
         return f"<mpicoll.torch.ProcessGroupMpicoll rank {self.rank()} of {self.size()}>"
-
-
-class _StatusRequest(MPI.Request):
-    """An MPI request that keeps its completion's status (``status``: the
-    sender of a receive from any source), whichever thread completes it and
-    however (``Test``/``Wait``, as _completion calls them)."""
-
-    def __new__(cls, req: MPI.Request):
-        self = super().__new__(cls, req)
-        self.status = MPI.Status()
-        return self
-
-    def Test(self, status=None):  # noqa: N802 (mpi4py's spelling)
-        return super().Test(self.status)
-
-    def Wait(self, status=None):  # noqa: N802
-        return super().Wait(self.status)
-
-
-def as_bytes_tensor(t: torch.Tensor) -> torch.Tensor:
-    """Contiguous ``t`` as a flat uint8 tensor over the same memory."""
-    return t.reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
-
-
-def rows(t: torch.Tensor, p: int) -> np.ndarray:
-    """Contiguous ``t``'s bytes as p equal rows (also when ``t`` is empty)."""
-    return as_bytes(t).reshape(p, t.numel() * t.element_size() // p)
-
-
-def _split_bytes(t: torch.Tensor, split_sizes, p: int, what: str) -> list:
-    """all_to_all_single's per-rank block lengths in bytes: ``split_sizes``
-    rows of ``t``'s first dimension each, or p equal blocks."""
-    row = t.element_size() * (t.numel() // t.shape[0] if t.dim() and t.shape[0] else 1)
-    if split_sizes:
-        if len(split_sizes) != p:
-            raise ValueError(f"mpicoll backend: all_to_all_single {what} splits must give {p} sizes, "
-                             f"got {list(split_sizes)}")
-        if sum(split_sizes) != (t.shape[0] if t.dim() else 1):
-            raise ValueError(f"mpicoll backend: all_to_all_single {what} splits add up to {sum(split_sizes)}, "
-                             f"but the {what} has {t.shape[0] if t.dim() else 1} rows")
-        return [int(s) * row for s in split_sizes]
-    nbytes = t.numel() * t.element_size()
-    if t.dim() == 0 or t.shape[0] % p:
-        raise ValueError(f"mpicoll backend: all_to_all_single without splits needs the {what}'s first "
-                         f"dimension to divide by {p}, got shape {tuple(t.shape)}")
-    return [nbytes // p] * p
 
 
 def _create(backend_opts, pg_options=None):

@@ -47,7 +47,8 @@ from mpi4py import MPI
 import mpicoll
 
 from . import _completion
-from .backend import ProcessGroupMpicoll, reducible
+from .backend import ProcessGroupMpicoll
+from .tensors import reducible
 
 
 class State:

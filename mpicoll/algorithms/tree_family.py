@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import register
+from ..registry import register
 
 
 def _tree(p, root, bounds):
@@ -68,7 +68,7 @@ def _place(ctx, root, bounds):
     return p, r, v, off, lens, span, min(v + span, p), off[v]
 
 
-@register("scatter", "binomial")
+@register("scatter", "tree")
 def scatter(ctx, buf, bounds, root):
     p, r, v, off, lens, span, end, base = _place(ctx, root, bounds)
     ctx.phase = "binomial scatter: from parent"
@@ -103,7 +103,7 @@ def _children(v, span, p, root, off, base):
         mask >>= 1
 
 
-@register("gather", "binomial")
+@register("gather", "tree")
 def gather(ctx, buf, bounds, root):
     p, r, v, off, lens, span, end, base = _place(ctx, root, bounds)
     parent = ((v - span) + root) % p

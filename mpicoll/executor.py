@@ -1,0 +1,296 @@
+"""The C executor (csrc/executor.c) from Python: run a recorded program
+(program.py) on a call's buffers, blocking or as an engine request.
+
+The extension is built per MPI library (csrc/build_executor.py, run by
+``make install``) and named after it; ``available()`` says whether the one
+for mpi4py's library is here, and why not. Without it kept plans keep
+running their schedule generators: the same results, with Python's cost per
+message.
+
+Blocking: one C call runs the whole program; cffi releases the GIL for it,
+so other threads run while it waits in MPI_Waitall. Nonblocking
+(``ProgramRequest``): the engine's progress (test(), wait(), the progress
+thread) calls the executor with ``blocking=0``: it runs steps until a wait
+step is incomplete (one MPI_Testall) and returns; a wait() with no other
+request in flight takes the request out of the engine's list and finishes
+it in one blocking C call, the GIL released.
+
+Scratch: a program's scratch regions come from the pool the generator
+would have used (the communicator's for blocking calls, one per request for
+nonblocking ones), under names of their own.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from . import engine
+from . import schedule as _sched
+from ._kernels import ffi as _kffi, lib as _klib
+
+_TAGS = {"MPICH": "mpich", "Open MPI": "openmpi"}
+
+
+def _load():
+    vendor = MPI.get_vendor()[0]
+    tag = _TAGS.get(vendor)
+    if tag is None:
+        return None, f"no executor for {vendor!r} (MPICH and Open MPI are supported)"
+    try:
+        mod = importlib.import_module(f"mpicoll._executor_{tag}")
+    except ImportError as exc:
+        return None, (f"mpicoll._executor_{tag} is not built ({exc}); run "
+                      "'python csrc/build_executor.py' with this environment's Python (make install does)")
+    mod.lib.mpicoll_x_set_kernels(mod.ffi.cast("void *", int(_kffi.cast("uintptr_t", _klib.mpicoll_reduce))),
+                                  mod.ffi.cast("void *", int(_kffi.cast("uintptr_t", _klib.mpicoll_reduce_many))))
+    return mod, ""
+
+
+_mod, _why = _load()
+if _mod is not None:
+    ffi, lib = _mod.ffi, _mod.lib
+    DONE, PENDING = lib.MPICOLL_X_DONE, lib.MPICOLL_X_PENDING
+    EMPI, EMISMATCH, EKERNEL = lib.MPICOLL_X_EMPI, lib.MPICOLL_X_EMISMATCH, lib.MPICOLL_X_EKERNEL
+
+
+# MPICOLL_EXECUTOR=0 keeps every schedule on its generator (read when a kept
+# plan first tries to compile, so set it before the calls; set_enabled()
+# from a program or test).
+_enabled = os.environ.get("MPICOLL_EXECUTOR", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def available() -> bool:
+    return _mod is not None
+
+
+def enabled() -> bool:
+    """Whether kept plans compile their schedules for the executor."""
+    return _enabled and _mod is not None
+
+
+def set_enabled(on: bool) -> None:
+    """Turn compiling on or off for kept plans made from now on."""
+    global _enabled
+    _enabled = bool(on)
+
+
+def why_not() -> str:
+    """Why the executor is not available ("" when it is)."""
+    return _why
+
+
+def _new_state(prog):
+    x = lib.mpicoll_x_new(max(prog.messages, 1), prog.maxk)
+    if x == ffi.NULL:
+        raise MemoryError("mpicoll: no memory for the executor's state")
+    return ffi.gc(x, lib.mpicoll_x_free)
+
+
+# A program whose scratch is at most this many bytes owns it (blocking runs:
+# no pool look-up per call, which is a measurable share of a short call);
+# larger scratch comes from the communicator's pool, as the generators'
+# does, so that 128 kept plans do not each hold megabytes.
+OWN_SCRATCH_BYTES = 64 << 10
+
+
+class Kit:
+    """What one run in flight needs besides the program: its C state, the
+    error words, the scratch pointers and the bound buffers. A blocking
+    Executable keeps one; each nonblocking request has its own (a
+    persistent request reuses one: it is never started twice at once)."""
+
+    __slots__ = ("state", "info", "scratch", "ptrs", "buf", "src", "c_buf", "c_src", "dead")
+
+    def __init__(self, prog, scratch):
+        self.dead = False  # a failed run left it to the library (engine._abandoned)
+        self.state = _new_state(prog)
+        self.info = ffi.new("int64_t[4]")
+        self.scratch = scratch  # the arrays ptrs points into
+        self.ptrs = ffi.new("char *[]", [ffi.from_buffer(b) for b in scratch]) if scratch else ffi.NULL
+        self.buf = self.src = None
+        self.c_buf = self.c_src = ffi.NULL
+
+    def bind(self, buf, src):
+        self.buf, self.src = buf, src
+        self.c_buf = ffi.from_buffer(buf, require_writable=True)
+        self.c_src = ffi.NULL if src is None else ffi.from_buffer(src)
+
+    def release(self):
+        """Drop the bound buffers (nothing of the caller's stays exported)."""
+        self.buf = self.src = None
+        self.c_buf = self.c_src = ffi.NULL
+
+
+class Executable:
+    """A program bound to the executor and to one communicator's state."""
+
+    __slots__ = ("prog", "st", "steps", "lists", "nsteps", "op", "dtype", "handle", "keys", "own", "kit",
+                 "collective", "algorithm")
+
+    def __init__(self, prog, st, red, collective, algorithm):
+        self.prog, self.st = prog, st
+        self.collective, self.algorithm = collective, algorithm
+        # The arrays stay referenced by prog: the C pointers point into them.
+        self.steps = ffi.cast("int64_t *", ffi.from_buffer(prog.steps))
+        self.lists = ffi.cast("int64_t *", ffi.from_buffer(prog.lists))
+        self.nsteps = len(prog.steps)
+        self.op, self.dtype = red.op.code, red.dtype.code
+        # mpi4py gives the handle as an unsigned integer; MPICH's handles
+        # are ints whose top bit is set (sign-extended to 64 bits there).
+        h = MPI._handleof(st.comm)
+        self.handle = h - (1 << 64) if h >= 1 << 63 else h
+        self.keys = tuple(f"exec-{i}" for i in range(len(prog.scratch)))
+        self.own = sum(prog.scratch) <= OWN_SCRATCH_BYTES
+        self.kit = self._blocking_kit()
+
+    def _blocking_kit(self):
+        return Kit(self.prog, [np.empty(max(n, 64), np.uint8) for n in self.prog.scratch] if self.own else [])
+
+    def scratch(self, pool):
+        """The scratch arrays from ``pool`` (grown as needed)."""
+        bases = []
+        for key, nbytes in zip(self.keys, self.prog.scratch):
+            b = pool.get(key)
+            if b is None or b.nbytes < nbytes:
+                b = pool[key] = np.empty(max(nbytes, 64), np.uint8)
+            bases.append(b)
+        return bases
+
+    def new_kit(self, pool):
+        """A kit for one nonblocking run at a time, scratch from ``pool``."""
+        return Kit(self.prog, self.scratch(pool))
+
+    def run(self, buf, src, tag, seq):
+        """Blocking run on ``buf`` (result, written) and ``src`` (input or None)."""
+        kit = self.kit
+        if not self.own:
+            bases = self.scratch(self.st.pool)
+            if any(a is not b for a, b in zip(bases, kit.scratch)) or not kit.scratch:
+                kit.scratch = bases
+                kit.ptrs = ffi.new("char *[]", [ffi.from_buffer(b) for b in bases]) if bases else ffi.NULL
+        rc = lib.mpicoll_x_run(kit.state, self.steps, self.nsteps, self.lists,
+                               ffi.from_buffer(buf, require_writable=True),
+                               ffi.NULL if src is None else ffi.from_buffer(src), kit.ptrs,
+                               self.op, self.dtype, self.handle, tag, 1, kit.info)
+        if rc != DONE:
+            # Requests the failed run left in flight stay with their state,
+            # and the state with the abandoned list (the library may still
+            # write into the buffers); the next run gets a fresh kit.
+            kit.bind(buf, src)
+            kit.dead = True
+            engine._abandoned.append(kit)
+            self.kit = self._blocking_kit()
+            raise self.error(rc, kit.info, tag, seq)
+
+    def error(self, rc, info, tag, seq):
+        """The exception for executor status ``rc`` with ``info``."""
+        prog = self.prog
+        ctx = _sched.Context(self.st, tag, {}, (self.collective, self.algorithm, prog.nbytes, seq))
+
+        def op_of(slot):
+            kind, peer, nbytes, phase = prog.slots[slot]
+            ctx.phase = phase
+            return _sched.Op(kind, ctx, np.empty(nbytes, np.uint8), peer)
+
+        if rc == EMISMATCH:
+            return _sched.size_mismatch(op_of(int(info[0])), int(info[1]))
+        if rc == EMPI:
+            code, slot, slot_code = int(info[0]), int(info[2]), int(info[3])
+            if slot >= 0:
+                err = _sched.receive_error([op_of(slot)], MPI.Exception(slot_code if slot_code else code))
+                if err is not None:
+                    return err
+            return MPI.Exception(code)
+        if rc == EKERNEL:
+            return RuntimeError(f"mpicoll: a reduction kernel refused its arguments (status {int(info[0])}) at step "
+                                f"{int(info[1])} of {self.collective}/{self.algorithm}")
+        return RuntimeError(f"mpicoll: the executor stopped at a bad step {int(info[0])} (status {rc})")
+
+    def start(self, buf, src, tag, seq, kit, result, finish, deadline, nbytes):
+        """A nonblocking run on ``kit`` (new_kit) as an engine request."""
+        kit.bind(buf, src)
+        return engine.submit(ProgramRequest(self, kit, tag, seq, result, finish, deadline, self.st), nbytes)
+
+
+class ProgramRequest(engine.Request):
+    """A program in flight: the engine advances it through the executor's
+    nonblocking mode; wait() alone finishes it in one blocking C call."""
+
+    def __init__(self, exe, kit, tag, seq, result, finish, deadline, st):
+        super().__init__(result, None, finish, deadline, st)
+        self._exe, self._kit = exe, kit
+        self._tag, self._seq = tag, seq
+
+    def _run(self, blocking) -> int:
+        exe, kit = self._exe, self._kit
+        return lib.mpicoll_x_run(kit.state, exe.steps, exe.nsteps, exe.lists, kit.c_buf, kit.c_src, kit.ptrs,
+                                 exe.op, exe.dtype, exe.handle, self._tag, blocking, kit.info)
+
+    def _settle_rc(self, rc) -> None:
+        if rc == DONE:
+            self._kit.release()
+            self._end()
+        else:
+            self._fail(self._exe.error(rc, self._kit.info, self._tag, self._seq))
+
+    # ---- called with the engine lock held ----
+    def _start(self) -> None:
+        rc = self._run(0)
+        if rc != PENDING:
+            self._settle_rc(rc)
+
+    def _fail(self, exc) -> None:
+        # Posted messages stay with the library: keep what they point into
+        # (the kit holds the state, the buffers and the scratch).
+        self._kit.dead = True
+        engine._abandoned.append(self._kit)
+        self._kit = None
+        self._error = exc
+        self._complete()
+
+    def _expired(self) -> BaseException:
+        exe, prog = self._exe, self._exe.prog
+        pos = int(lib.mpicoll_x_position(self._kit.state))
+        step = prog.steps[min(pos, len(prog.steps) - 1)]
+        ctx = _sched.Context(exe.st, self._tag, {}, (exe.collective, exe.algorithm, prog.nbytes, self._seq))
+        ops = []
+        if step[0] == 3:  # a wait step: its messages are what is late
+            pairs = prog.lists[step[1]:step[1] + 2 * step[2]]
+            for slot in pairs[0::2]:
+                kind, peer, nbytes, phase = prog.slots[int(slot)]
+                ctx.phase = phase
+                ops.append(_sched.Op(kind, ctx, np.empty(nbytes, np.uint8), peer))
+        return _sched.timeout_error(ops, [False] * len(ops)) if ops else _sched.timeout_error([])
+
+    def _advance(self) -> int:
+        if self._finished:
+            return -1
+        state = self._kit.state
+        before = lib.mpicoll_x_position(state)
+        rc = self._run(0)
+        if rc == PENDING:
+            if self._deadline is not None and time.monotonic() >= self._deadline:
+                self._fail(self._expired())
+                return -1
+            return int(lib.mpicoll_x_position(state) != before)
+        self._settle_rc(rc)
+        return -1
+
+    def _complete(self) -> None:
+        self._finished = True
+
+    def wait(self):
+        if not self._seen_done() and self._deadline is None and engine.claim_alone(self):
+            # Nothing else in flight: finish in one blocking C call (GIL released).
+            engine.finish_claimed(self, self._settle_rc, self._run(1))
+        else:
+            engine._engine.wait(self)
+        self._raise()
+        return self.result
+
+    def __repr__(self):
+        return f"<mpicoll.ProgramRequest {'complete' if self.done else 'pending'}>"

@@ -1,0 +1,176 @@
+"""Persistent requests (MPI-4 ``MPI_Allreduce_init`` semantics): a plan
+built once by ``mpicoll.allreduce_init`` and the other ``*_init``, then
+``start()``/``wait()`` many times.
+"""
+from __future__ import annotations
+
+import time
+
+from mpi4py import MPI
+
+from . import engine
+from . import executor as _executor
+from . import program as _program
+from . import schedule as _sched
+from .runtime import Plan, _then, enter
+
+class Persistent:
+    """A persistent collective (MPI-4 ``MPI_Allreduce_init`` semantics).
+
+    Built once by ``mpicoll.allreduce_init`` (and the other ``*_init``):
+    arguments validated, algorithm decided, scratch and (for ``mpi``) the MPI
+    library's own persistent request created, all once. Then, as often as
+    needed and in the same order on every rank: ``start()``, and ``wait()``
+    (returns the result) or ``test()``; calling the request does both. The
+    buffers are bound at creation: write the new input into them between
+    runs. ``Start``/``Wait``/``Test`` are mpi4py's spellings; ``free()``
+    releases the MPI request.
+    """
+
+    def __init__(self, plan: Plan):
+        self._plan = plan
+        self._pool = {}
+        self._req = None  # the active request (engine.Request, or NativeRequest over _mpi)
+        self._mpi = None  # MPI.Prequest of the native persistent collective
+        if plan.schedule is not None and plan.native is not None and plan.native.init is not None:
+            self._mpi = plan.native.init()
+        self._active = False
+        self._seq = -1  # the number of the call in flight (timeout messages)
+        self._finish = _then(plan.native.after, plan.finish) if self._mpi is not None else None
+        # A compilable schedule is recorded once, here, and every start runs
+        # the recording in the C executor (executor.py).
+        self._exe = self._kit = None
+        rec = plan.recordable
+        if self._mpi is None and rec is not None and plan.st.size > 1 and _executor.enabled() \
+                and plan.nbytes < engine.WAKE_MIN_BYTES:  # (long ones overlap better on the generator: see start)
+            entry, buf, red, src, knobs = rec
+            try:
+                prog = _program.record(entry.schedule, plan.st, buf.size, buf.dtype, red, src is not None, knobs)
+                self._exe = _executor.Executable(prog, plan.st, red, plan.collective, plan.algorithm)
+                self._kit = self._exe.new_kit(self._pool)
+            except _program.NotCompilable:
+                pass
+
+    @property
+    def algorithm(self) -> str:
+        return self._plan.algorithm
+
+    @property
+    def result(self):
+        return self._plan.result
+
+    def start(self) -> None:
+        if self._active:
+            raise RuntimeError("mpicoll: persistent request started again before it completed (wait() first)")
+        plan = self._plan
+        if self._mpi is not None:
+            # The library's persistent request, started, is the whole request:
+            # the same thin request as a native nonblocking call's (Plan._start).
+            st = plan.st
+            enter(st)
+            try:
+                plan.inputs()
+                self._seq, _ = st.next_seq()
+                self._mpi.Start()
+            finally:
+                st.busy.release()
+            if plan.timeout is None:
+                # Handed to the engine only if wait() finds other requests
+                # in flight, or on test(): a start+wait pair with nothing
+                # else outstanding is Start and MPI_Wait, as in plain mpi4py.
+                self._req = None
+            else:
+                self._req = engine.start_native(self._mpi, plan.result, self._finish, plan.nbytes, st,
+                                                time.monotonic() + plan.timeout, self._expired, keep=plan)
+        elif self._exe is not None:
+            st = plan.st
+            enter(st)
+            try:
+                plan.inputs()
+                seq, tag = st.next_seq()
+                _, buf, _, src, _ = plan.recordable
+                if self._kit.dead:  # the last run failed: its kit stays with the library
+                    self._kit = self._exe.new_kit(self._pool)
+                self._req = self._exe.start(buf, src, tag, seq, self._kit, plan.result, plan.finish, None,
+                                            plan.nbytes)
+            finally:
+                st.busy.release()
+        else:
+            self._req = plan.start(self._pool)
+        self._active = True
+
+    def wait(self):
+        if not self._active:
+            return self._plan.result  # MPI: waiting on an inactive persistent request returns at once
+        try:
+            if self._req is None:
+                eng = engine._engine
+                with eng.lock:
+                    alone = not eng.active
+                if alone:
+                    self._mpi.Wait()
+                    if self._finish is not None:
+                        self._finish()
+                    return self._plan.result
+                self._listed()
+            self._req.wait()
+        finally:
+            self._active = False
+            self._req = None
+        return self._plan.result
+
+    def _listed(self) -> None:
+        """The started library request, handed to the engine (see start)."""
+        plan = self._plan
+        self._req = engine.start_native(self._mpi, plan.result, self._finish, plan.nbytes, plan.st, keep=plan)
+
+    def _expired(self) -> _sched.CollectiveTimeout:
+        st, plan = self._plan.st, self._plan
+        return _sched.CollectiveTimeout(
+            f"mpicoll: {plan.collective} timed out on rank {st.rank}: algorithm {plan.algorithm} "
+            f"(the MPI library's persistent collective), {plan.nbytes} B, call #{self._seq} on this "
+            "communicator. A rank probably skipped this call, called another collective, or died.",
+            collective=plan.collective, algorithm=plan.algorithm, step="-", peers=[], nbytes=plan.nbytes,
+            seq=self._seq, rank=st.rank)
+
+    def test(self) -> bool:
+        if not self._active:
+            return True
+        if self._req is None:
+            self._listed()
+        try:
+            if not self._req.test():
+                return False
+        except BaseException:
+            self._active = False
+            self._req = None
+            raise
+        self._active = False
+        self._req = None
+        return True
+
+    def __call__(self):
+        self.start()
+        return self.wait()
+
+    def free(self) -> None:
+        if self._active:
+            self.wait()
+        if self._mpi is not None and not MPI.Is_finalized():
+            self._mpi.Free()
+        self._mpi = None
+
+    Start = start
+
+    def Wait(self, status=None):  # noqa: N802 (mpi4py's spelling)
+        self.wait()
+        return True
+
+    def Test(self, status=None) -> bool:  # noqa: N802
+        return self.test()
+
+    def Free(self):  # noqa: N802
+        self.free()
+
+    def __repr__(self):
+        return f"<mpicoll persistent {self._plan.collective}/{self._plan.algorithm} {'active' if self._active else 'inactive'}>"
