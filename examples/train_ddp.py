@@ -128,6 +128,16 @@ def main(argv=None) -> int:
             time.sleep(0.01)
     else:
         say(f"test accuracy: p={p} {acc:.4f}")
+    # Free DDP before its process group, then give torch's worker threads a
+    # moment. With gloo, a collective started during backward() holds a Python
+    # object, and a gloo worker thread that drops the last reference to it
+    # takes the GIL; the process group's destructor joins those threads while
+    # holding the GIL. If DDP's reducer took the group with it, a worker still
+    # finishing its last all-reduce and the destructor would wait for each
+    # other for ever (seen once in a few runs under CI's load, Open MPI p = 2).
+    # Freed in this order, the workers are done by the time the group goes.
+    del model
+    time.sleep(0.1)
     dist.destroy_process_group()
     return 0
 
