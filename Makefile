@@ -83,7 +83,7 @@ test-serial: $(STAMP)
 
 test-mpi: $(STAMP)
 	@for n in $(NPROCS); do \
-	  echo "== $(MPI): mpiexec -n $$n pytest --with-mpi"; \
+	  echo "== $(MPI): mpiexec -n $$n pytest --with-mpi (started $$(date -u +%T))"; \
 	  timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n $(MPIRUN_PY) -m pytest -q --with-mpi -m mpi tests || exit 1; \
 	done
 
