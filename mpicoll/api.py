@@ -317,24 +317,32 @@ def explain(nbytes: int, *, comm=None, op="sum", dtype="float32") -> select.Choi
         from . import algorithms as _alg
 
         if _alg.has("allreduce", forced):
-            return _hand_off(select.Choice(forced, f"forced by {ENV_ALGORITHM}"), st.nodes)
+            return _hand_off(select.Choice(forced, f"forced by {ENV_ALGORITHM}"), st, int(nbytes), dt, o)
     c = select.allreduce(st.size, int(nbytes), o.name, dt.name, native_dtype=reduces_natively(dt, o),
                          profile=st.profile, ranks_per_node=st.ranks_per_node, nodes=st.nodes,
                          link_weights=st.extra.get("hetero_ring"))
     if st.profile_note:
         c = c._replace(reason=f"{c.reason} ({st.profile_note})")
-    return _hand_off(c, st.nodes)
+    return _hand_off(c, st, int(nbytes), dt, o)
 
 
-def _hand_off(c: select.Choice, nodes: int) -> select.Choice:
+def _hand_off(c: select.Choice, st, nbytes: int, dt, o) -> select.Choice:
     """Say so where the algorithm runs as the other one: shm's windows only
     reach one node, so on several it runs hierarchical (shm within each
     node, then across); hierarchical on one node has nothing to cross and
-    is shm."""
-    if c.name == "shm" and nodes > 1:
-        return c._replace(reason=f"{c.reason}; on {nodes} nodes shm runs as hierarchical")
+    is shm. Across nodes, also the algorithm the nodes' slices are
+    all-reduced with (hierarchical's ``cross``, as its prepare decides it;
+    collective on the communicator's first use: the cross communicator)."""
+    nodes = st.nodes
     if c.name == "hierarchical" and nodes == 1:
         return c._replace(reason=f"{c.reason}; on one node hierarchical runs as shm")
+    if c.name in ("shm", "hierarchical") and nodes > 1:
+        from .algorithms import hierarchical as _hier
+
+        itemsize = dt.storage.itemsize
+        x = _hier.cross_choice(st, nbytes // itemsize, itemsize, dt, o)
+        shm_note = f"; on {nodes} nodes shm runs as hierarchical" if c.name == "shm" else ""
+        return c._replace(reason=f"{c.reason}{shm_note}; across nodes: {x.name} ({x.reason})")
     return c
 
 

@@ -277,7 +277,7 @@ class KeptAllreduce(_Kept):
             return Plan(st, "allreduce", self.name, flat.nbytes, out, None, prologue=copy)
         entry, knobs = self.entry, self.knobs
         if entry.prepare is not None:  # as the full path does at every call (window sizes)
-            entry.prepare(st, flat, **knobs)
+            entry.prepare(st, flat, red, **knobs)  # its decisions are in knobs already
         sched = entry.schedule
         plan = Plan(st, "allreduce", self.name, flat.nbytes, out,
                     (lambda ctx: sched(ctx, flat, red, src, **knobs)) if knobs else

@@ -50,12 +50,17 @@ from .kept import (KeptAllgather, KeptAllgatherv, KeptAllreduce, KeptAlltoall, K
 from .mpitypes import reduces_natively
 from .runtime import Plan, _finish, _then
 
-def _settle(st, collective, name, entry, knobs, buf, check_on, sig, timeout=None):
-    """Stage 3 after the decision: pre-flight agreement, then collective set-up."""
+def _settle(st, collective, name, entry, knobs, buf, check_on, sig, timeout=None, red=None):
+    """Stage 3 after the decision: pre-flight agreement, then collective
+    set-up. Returns the knobs the schedule runs with: the call's, and any
+    the algorithm's ``prepare`` decided (hierarchical's cross algorithm)."""
     if check_on:
         _check.preflight(st, collective, True, algorithm=name, timeout=timeout, **sig)
     if entry is not None and entry.prepare is not None and st.size > 1:
-        entry.prepare(st, buf, **knobs)
+        decided = entry.prepare(st, buf, red, **knobs)
+        if decided:
+            knobs = {**knobs, **decided}
+    return knobs
 
 
 def options(collective, algorithm, check, timeout, knobs):
@@ -172,8 +177,8 @@ def _allreduce(x, op, comm, out, algorithm, dtype, compression, reproducible, ch
             else _NO_KNOBS
         if c.knobs:  # what the choice depends on (hetero_ring's weights)
             knobs = {**knobs, **{k: v for k, v in c.knobs if k in entry.knobs}}
-    _settle(st, "allreduce", name, entry, knobs, flat, check_on, dict(count=arr.size, dtype=dt.name, op=red.op.name),
-            timeout)
+    knobs = _settle(st, "allreduce", name, entry, knobs, flat, check_on,
+                    dict(count=arr.size, dtype=dt.name, op=red.op.name), timeout, red)
     sched = entry.schedule
     plan = Plan(st, "allreduce", name, flat.nbytes, result,
                 (lambda ctx: sched(ctx, flat, red, src, **knobs)) if knobs else (lambda ctx: sched(ctx, flat, red, src)),

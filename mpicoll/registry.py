@@ -48,13 +48,17 @@ own block itself; alltoall's blocks are all the same length.
 
 Algorithms register with ``@register(collective, name, knobs=...)``;
 ``knobs`` names the keyword arguments a tuning profile may set (checked
-when a profile is loaded), ``prepare(st, nbytes)`` is an optional hook the
-plan layer calls at call time, ``prepare(st, buf, **knobs)``, before the
-schedule runs (collective set-up such as a shared-memory window: every
-rank makes calls in the same order, so call time is a safe moment for
-collective set-up, while a nonblocking schedule's later steps are not), and ``native`` marks the MPI library's own
-collective (the plan layer may then call it directly, or use MPI's
-persistent form).
+when a profile is loaded), ``prepare`` is an optional hook the plan layer
+calls at call time, ``prepare(st, buf, red, **knobs)``, before the schedule
+runs: collective set-up such as a shared-memory window (every rank makes
+calls in the same order, so call time is a safe moment for collective
+set-up, while a nonblocking schedule's later steps are not), and the
+decisions the schedule would otherwise make while it runs. It returns
+None, or a dict of knobs it decided, which the schedule then receives
+(hierarchical's ``cross``: the algorithm across nodes, chosen once per
+call from the cross communicator's profile, not once per chunk inside the
+schedule). ``native`` marks the MPI library's own collective (the plan
+layer may then call it directly, or use MPI's persistent form).
 
 The registry's entries are also callable with a blocking signature,
 ``get("allreduce", "ring")(st, buf, red, src=None, **knobs)``, which runs
@@ -102,7 +106,7 @@ class Algorithm:
         if "src" in knobs:  # allreduce(st, buf, red, src=x): the input of an out-of-place call
             args = args + (knobs.pop("src"),)
         if self.prepare is not None:
-            self.prepare(st, args[0], **knobs)
+            knobs.update(self.prepare(st, args[0], args[1] if len(args) > 1 else None, **knobs) or {})
         seq, tag = st.next_seq()
         ctx = schedule.Context(st, tag, st.pool, (self.collective, self.name, _nbytes_of(args), seq))
         schedule.run(self.schedule(ctx, *args, **knobs))

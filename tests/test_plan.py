@@ -350,6 +350,21 @@ def test_explain_says_where_shm_and_hierarchical_hand_off(comm, monkeypatch):
     monkeypatch.setenv("MPICOLL_ALGORITHM", "shm")
     c = mpicoll.explain(1 << 20, comm=comm)
     assert c.name == "shm" and "runs as" not in c.reason, c
-    from mpicoll import api, select
-    assert "on 4 nodes shm runs as hierarchical" in api._hand_off(select.Choice("shm", "r"), 4).reason
-    assert api._hand_off(select.Choice("hierarchical", "r"), 4).reason == "r"
+    from mpicoll import dtypes, ops, select
+    from mpicoll.algorithms import hierarchical
+    from mpicoll.comm import state
+    from mpicoll.node import ENV_FAKE_NODE_SIZE
+
+    if comm.size > 1:  # nodes of one rank each: shm runs as hierarchical, and explain() says what crosses
+        monkeypatch.setenv(ENV_FAKE_NODE_SIZE, "1")
+        split = MPI.COMM_WORLD.Dup()
+        try:
+            cross = hierarchical.cross_choice(state(split), (1 << 20) // 4, 4, dtypes.BY_NAME["float32"],
+                                              ops.resolve("sum"))
+            for forced in ("shm", "hierarchical"):
+                monkeypatch.setenv("MPICOLL_ALGORITHM", forced)
+                c = mpicoll.explain(1 << 20, comm=split)
+                assert c.name == forced and f"across nodes: {cross.name} ({cross.reason})" in c.reason, c
+                assert (f"on {comm.size} nodes shm runs as hierarchical" in c.reason) == (forced == "shm"), c
+        finally:
+            split.Free()

@@ -61,23 +61,26 @@ def test_one_rank():
     assert select.allreduce(1, 1 << 30, "sum", "float32", ranks_per_node=1, nodes=1).name == "mpi"
 
 
-def test_hierarchical_cross_choice_follows_the_cross_profile_but_never_recurses():
+def test_hierarchical_cross_choice_follows_the_cross_profile_but_never_recurses(monkeypatch):
     """The cross-node all-reduce inside hierarchical is auto's choice on the
     cross communicator, its tuning profile included; a rule naming a
     node-level algorithm (which would recurse) is passed over."""
     from types import SimpleNamespace
 
-    import numpy as np
     from mpicoll import dtypes, kernels, ops, profile
     from mpicoll.algorithms import hierarchical
 
     red = kernels.Reduction(ops.resolve("sum"), dtypes.BY_NAME["float32"])
-    view = np.zeros(1 << 16, np.float32)
+    n = 1 << 16
 
     def choice(rule_alg):
         prof = None if rule_alg is None else profile.Profile(
             [profile.Rule(2, 64, 0, None, rule_alg, None, True, "measured")])
-        return hierarchical._cross_choice(SimpleNamespace(size=4, profile=prof), view, red)
+        cross = SimpleNamespace(size=4, profile=prof)
+        info = SimpleNamespace(cross_state=lambda: cross, local_size=1, uniform=True)
+        with monkeypatch.context() as m:
+            m.setattr(hierarchical, "node_info", lambda st: info)
+            return hierarchical.cross_choice(None, n, 4, red.dtype, red.op).name
 
     default = choice(None)
     assert default not in ("shm", "hierarchical", "cascade")

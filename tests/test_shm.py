@@ -148,6 +148,47 @@ def test_both_sync_modes(sync):
 
 
 @pytest.mark.parametrize("algorithm", ["shm", "hierarchical"])
+def test_cross_algorithm_decided_once_per_call(fake_comm, algorithm, monkeypatch):
+    """Across nodes the algorithm between nodes is decided in prepare, once
+    per call (not once per chunk inside the schedule), and a replay of the
+    kept plan reuses it; a ``cross`` knob given by the caller is run as
+    given; a node-level one is refused on every rank."""
+    from mpicoll import plan
+    from mpicoll.algorithms import hierarchical
+
+    def run(x, **kw):  # knobs come from tuning profiles, or through the plan layer as here
+        return plan.allreduce(x, **kw).run()
+
+    comm = fake_comm
+    p, rank = comm.size, comm.rank
+    nodes = node_info(state(comm)).nodes
+    asked = []
+    real = hierarchical.cross_choice
+    monkeypatch.setattr(hierarchical, "cross_choice", lambda *a, **k: asked.append(a) or real(*a, **k))
+    inputs = [exact_values("float32", "sum", 30001, 40 + r) for r in range(p)]
+    want = reference(inputs, "sum", p)
+    knobs = {"chunk_bytes": 4096}  # 30 chunks
+    got = run(inputs[rank], comm=comm, algorithm=algorithm, knobs=knobs)
+    np.testing.assert_array_equal(got, want)
+    once = 1 if nodes > 1 else 0
+    assert len(asked) == once, asked
+    for _ in range(2):  # the door keeps the plan: the second call replays its decision
+        got = mpicoll.allreduce(inputs[rank], comm=comm, algorithm=algorithm)
+        np.testing.assert_array_equal(got, want)
+    assert len(asked) == 2 * once, f"the kept plan decides again: {asked}"
+    for cross in ("ring", "recursive_doubling", "mpi"):
+        got = run(inputs[rank], comm=comm, algorithm=algorithm, knobs={**knobs, "cross": cross})
+        np.testing.assert_array_equal(got, want, err_msg=cross)
+        assert_identical_everywhere(comm, got)
+    assert len(asked) == 2 * once, "a given cross is not decided again"
+    # (One rank runs no algorithm, so its knobs are not looked at.)
+    for bad in ("shm", "hierarchical", "cascade", "no_such") if p > 1 else ():
+        with pytest.raises(ValueError, match="cross"):
+            run(inputs[rank], comm=comm, algorithm=algorithm, knobs={"cross": bad})
+    np.testing.assert_array_equal(mpicoll.allreduce(inputs[rank], comm=comm, algorithm=algorithm), want)
+
+
+@pytest.mark.parametrize("algorithm", ["shm", "hierarchical"])
 def test_multinode_nonblocking_outstanding(fake_comm, algorithm):
     """Several nonblocking shm/hierarchical all-reduces outstanding on one
     communicator take turns on its window in start order (the same on every

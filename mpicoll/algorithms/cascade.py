@@ -107,7 +107,7 @@ class GroupContext:
         return self.base.scratch(name, n, dtype)
 
 
-def prepare(st, buf, **knobs) -> None:
+def prepare(st, buf, red=None, **knobs) -> None:
     """Call-time set-up (collective): the node layout, unless ``ppn`` gives it."""
     if knobs.get("ppn") is None:
         node_info(st)

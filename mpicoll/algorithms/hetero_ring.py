@@ -144,7 +144,7 @@ def measure_links(st) -> list:
     return [float(every[(q + 1) % p]) for q in range(p)]
 
 
-def prepare(st, buf, **knobs) -> None:
+def prepare(st, buf, red=None, **knobs) -> None:
     """Call-time set-up (collective): the link times, once per communicator,
     when ``weights="measure"``."""
     if knobs.get("weights") == "measure" and "hetero_ring" not in st.extra:

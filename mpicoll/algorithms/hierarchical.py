@@ -1,6 +1,6 @@
 """Two-level all-reduce: shared memory inside each node, the network between nodes.
 
-Function:     allreduce(ctx, buf, red, src=None, *, chunk_bytes=shm.CHUNK_BYTES, sync=None)
+Function:     allreduce(ctx, buf, red, src=None, *, chunk_bytes=shm.CHUNK_BYTES, sync=None, cross=None)
 Description:  Runs the ``shm`` pipeline (see shm.py) chunk by chunk; between
               its intra-node reduce-scatter and its intra-node allgather,
               the node-partial results are all-reduced across nodes:
@@ -23,12 +23,15 @@ Description:  Runs the ``shm`` pipeline (see shm.py) chunk by chunk; between
               all-reduces the whole chunk with the other nodes' local rank 0
               while the node's other ranks wait, and puts the slices back.
 
-              The inter-node all-reduce is auto's choice for the cross
-              communicator (``select.allreduce`` with one rank per node and
-              that communicator's tuning profile; never a node-level
+              The inter-node all-reduce is ``cross`` (an all-reduce
+              algorithm's name), run in place on the window. Left None,
+              ``prepare`` decides it at call time, once per call: auto's
+              choice for the cross communicator and one chunk's slice
+              (``select.allreduce`` with one rank per node and that
+              communicator's tuning profile; never a node-level
               algorithm: native MPI_Allreduce for MPI dtypes by default,
-              ring/Rabenseifner/recursive doubling for float16/bfloat16),
-              run in place on the window.
+              ring/Rabenseifner/recursive doubling for float16/bfloat16).
+              ``explain()`` shows it.
 Cost:         Intra-node as in shm.py (no network). Across nodes, per rank
               and N nodes, the cross all-reduce of n/k bytes: with a ring,
               2 (N-1)/N * n/k bytes sent by each rank, versus 2 (p-1)/p * n
@@ -46,55 +49,77 @@ Limitations:  The order of the floating-point operations is node-partial
 from __future__ import annotations
 
 from . import shm
-from ..registry import get as _get, has, register
+from ..registry import get as _get, register
 from .. import select
 from ..mpitypes import reduces_natively
 from ..node import node_info
 
 
-# Algorithms the cross communicator (one rank per node) may run: not the
-# node-level ones, which would recurse into this one.
-_NODE_LEVEL = ("shm", "hierarchical", "cascade")
+_check_cross = shm.check_cross
 
 
-def _cross_choice(cst, view, red):
-    # auto's choice for the cross communicator as for any other: its tuning
-    # profile's rules, its model, the defaults (select.py).
-    return select.allreduce(cst.size, view.nbytes, red.op.name, red.dtype.name,
-                            native_dtype=reduces_natively(red.dtype, red.op), profile=cst.profile,
-                            available=lambda a: a not in _NODE_LEVEL and has("allreduce", a)).name
+def slice_bytes(info, n: int, itemsize: int, chunk_bytes: int) -> int:
+    """The bytes one rank all-reduces across nodes per chunk: its slice of
+    a full chunk (equal nodes), or the whole chunk (uneven nodes: the
+    leaders carry it). The last chunk may be shorter."""
+    if n == 0:
+        return 0
+    m = min(shm._cap(n, itemsize, chunk_bytes), n)
+    return (-(-m // info.local_size) if info.uniform else m) * itemsize
 
 
-def _cross_allreduce(ctx, info, view, red):
+def cross_choice(st, n: int, itemsize: int, dtype, op, chunk_bytes: int = shm.CHUNK_BYTES):
+    """auto's choice (a select.Choice) for the cross communicator of an
+    all-reduce of ``n`` elements (mpicoll DType and Op), as for any other communicator: its tuning
+    profile's rules, its model, the defaults (select.py). The same on every
+    rank of a cross communicator (same slice, profile and size).
+    Collective on the first call (the node and cross communicators)."""
+    info = node_info(st)
+    cst = info.cross_state()
+    return select.allreduce(cst.size, slice_bytes(info, n, itemsize, chunk_bytes), op.name, dtype.name,
+                            native_dtype=reduces_natively(dtype, op), profile=cst.profile,
+                            available=shm.cross_available)
+
+
+def _cross_allreduce(ctx, info, view, red, cross):
     """All-reduce ``view`` in place among the ranks of this rank's cross communicator."""
     cst = info.cross_state()
     if cst.size == 1 or view.size == 0:
         return
     sub = ctx.sub(cst)
-    yield from _get("allreduce", _cross_choice(cst, view, red)).schedule(sub, view, red, None)
+    yield from _get("allreduce", cross).schedule(sub, view, red, None)
 
 
-def prepare(st, buf, **knobs) -> None:
+def prepare(st, buf, red=None, *, chunk_bytes=shm.CHUNK_BYTES, sync=None, cross=None, **_):
     """Call-time set-up (collective): node and (across nodes) cross
-    communicators, the window."""
+    communicators, the window; and the cross algorithm when the call did
+    not give one (returned as the knob ``cross``)."""
+    _check_cross(cross)
     info = node_info(st)
+    decided = None
     if info.nodes > 1:  # on one node hierarchical is shm: no cross communicator
         info.cross_state()
-    shm.prepare(st, buf, **knobs)
+        if cross is None and red is not None and buf is not None:
+            decided = {"cross": cross_choice(st, buf.size, buf.itemsize, red.dtype, red.op, chunk_bytes).name}
+    shm.prepare(st, buf, chunk_bytes=chunk_bytes, sync=sync)
+    return decided
 
 
-@register("allreduce", "hierarchical", knobs=("chunk_bytes", "sync"), prepare=prepare)
-def allreduce(ctx, buf, red, src=None, *, chunk_bytes=shm.CHUNK_BYTES, sync=None):
+@register("allreduce", "hierarchical", knobs=("chunk_bytes", "sync", "cross"), prepare=prepare)
+def allreduce(ctx, buf, red, src=None, *, chunk_bytes=shm.CHUNK_BYTES, sync=None, cross=None):
     info = node_info(ctx.st)
     if info.nodes == 1:
         yield from shm.pipeline(ctx, info, buf, red, src, chunk_bytes, sync=sync)
         return
+    _check_cross(cross)
+    if cross is None:  # run without the plan layer's prepare (a driver calling the schedule itself)
+        cross = cross_choice(ctx.st, buf.size, buf.itemsize, red.dtype, red.op, chunk_bytes).name
 
     me = info.local_rank
     if info.uniform:
         def between(w, peers, bounds):
             a, b = bounds[me]
-            yield from _cross_allreduce(ctx, info, peers[me][a:b], red)
+            yield from _cross_allreduce(ctx, info, peers[me][a:b], red, cross)
     else:
         def between(w, peers, bounds):
             yield [w.sync_op(ctx)]  # the whole chunk is reduced on this node
@@ -105,7 +130,7 @@ def allreduce(ctx, buf, red, src=None, *, chunk_bytes=shm.CHUNK_BYTES, sync=None
                 tmp = ctx.scratch("hierarchical", m, buf.dtype)
                 for q, (qa, qb) in enumerate(bounds):
                     tmp[qa:qb] = peers[q][qa:qb]
-                yield from _cross_allreduce(ctx, info, tmp, red)
+                yield from _cross_allreduce(ctx, info, tmp, red, cross)
                 for q, (qa, qb) in enumerate(bounds):
                     peers[q][qa:qb] = tmp[qa:qb]
 

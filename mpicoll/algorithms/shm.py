@@ -92,7 +92,7 @@ from __future__ import annotations
 import collections
 import itertools
 
-from ..registry import get as _get, register
+from ..registry import get as _get, has, register
 from ..node import node_info
 from ..shmwindow import MAX_SLOT_BYTES, SYNC, grow, signature, window
 from .common import block_bounds
@@ -223,17 +223,39 @@ def pipeline(ctx, info, buf, red, src, chunk_bytes, between=None, sync=None):
 # the registry at call time (hierarchical.py builds on this module, so this
 # one does not import it).
 
-def _prepare_shm(st, buf, **knobs) -> None:
+# Algorithms the cross communicator (one rank per node) may run: not the
+# node-level ones, which would recurse into hierarchical.
+NODE_LEVEL = ("shm", "hierarchical", "cascade")
+
+
+def cross_available(name: str) -> bool:
+    return name not in NODE_LEVEL and has("allreduce", name)
+
+
+def check_cross(cross) -> None:
+    """hierarchical's (and so shm's) ``cross`` knob: None or an all-reduce
+    algorithm that is not node-level; checked on one node too, where it is
+    not used, so that a wrong value fails the same way everywhere."""
+    if cross is not None and not (isinstance(cross, str) and cross_available(cross)):
+        raise ValueError(f"mpicoll: hierarchical cross must be an all-reduce algorithm other than "
+                         f"{', '.join(NODE_LEVEL)} (or None), got {cross!r}")
+
+
+def _prepare_shm(st, buf, red=None, **knobs):
+    check_cross(knobs.get("cross"))
     if node_info(st).nodes > 1:
-        return _get("allreduce", "hierarchical").prepare(st, buf, **knobs)
+        return _get("allreduce", "hierarchical").prepare(st, buf, red, **knobs)
     prepare(st, buf, **knobs)
+    return None
 
 
-@register("allreduce", "shm", knobs=("chunk_bytes", "sync"), prepare=_prepare_shm)
-def allreduce(ctx, buf, red, src=None, *, chunk_bytes=CHUNK_BYTES, sync=None):
+# ``cross`` matters only where shm runs as hierarchical (its algorithm across
+# nodes, see hierarchical.py); on one node it is ignored.
+@register("allreduce", "shm", knobs=("chunk_bytes", "sync", "cross"), prepare=_prepare_shm)
+def allreduce(ctx, buf, red, src=None, *, chunk_bytes=CHUNK_BYTES, sync=None, cross=None):
     info = node_info(ctx.st)
     if info.nodes > 1:
         yield from _get("allreduce", "hierarchical").schedule(ctx, buf, red, src, chunk_bytes=chunk_bytes,
-                                                              sync=sync)
+                                                              sync=sync, cross=cross)
         return
     yield from pipeline(ctx, info, buf, red, src, chunk_bytes, sync=sync)
