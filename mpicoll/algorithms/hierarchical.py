@@ -53,6 +53,7 @@ from ..registry import get as _get, register
 from .. import select
 from ..mpitypes import reduces_natively
 from ..node import node_info
+from .common import block_bounds
 
 
 _check_cross = shm.check_cross
@@ -65,7 +66,10 @@ def slice_bytes(info, n: int, itemsize: int, chunk_bytes: int) -> int:
     if n == 0:
         return 0
     m = min(shm._cap(n, itemsize, chunk_bytes), n)
-    return (-(-m // info.local_size) if info.uniform else m) * itemsize
+    if not info.uniform:
+        return m * itemsize
+    a, b = block_bounds(m, info.local_size)[0]  # shm's split: the first slice is the largest
+    return (b - a) * itemsize
 
 
 def cross_choice(st, n: int, itemsize: int, dtype, op, chunk_bytes: int = shm.CHUNK_BYTES):
