@@ -42,11 +42,8 @@ class _SimComm:
 class _SimContext(Context):
     __slots__ = ("net", "stats")
 
-    def start(self, *ops):
-        for op in ops:
-            if op.req is None:
-                self.net.post(op)
-        return ops
+    def post_op(self, op):
+        self.net.post(op)
 
     def native(self, blocking, start):
         raise NotImplementedError("the MPI library's own collectives cannot be simulated")

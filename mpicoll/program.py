@@ -161,11 +161,8 @@ class _Recorder:
 class _RecordingContext(_sched.Context):
     __slots__ = ("rec",)
 
-    def start(self, *ops):
-        for op in ops:
-            if op.req is None:
-                self.rec.post(op)
-        return ops
+    def post_op(self, op):
+        self.rec.post(op)
 
     def copy(self, dst, src):
         self.rec.copy(dst, src)

@@ -97,6 +97,19 @@ class Op:
         return "the MPI library's collective"
 
 
+def _post(op: Op) -> None:
+    ctx = op.ctx
+    if op.kind == SEND:
+        op.req = ctx.comm.Isend([op.buf, BYTE], op.peer, ctx.tag)
+    elif op.kind == RECV:
+        op.req = ctx.comm.Irecv([op.buf, BYTE], op.peer, ctx.tag)
+    elif op.kind == NATIVE:
+        op.req = op.start()
+    else:
+        op.custom.post()
+        op.req = op.custom
+
+
 class Context:
     """What a schedule sees of one rank of one communicator, for one call.
 
@@ -136,11 +149,17 @@ class Context:
         op.custom = obj
         return op
 
+    # How one operation is posted: through the MPI library here. The
+    # counting, recording (program.py) and SimGrid drivers' contexts post
+    # to their own network instead; start() is the same for all.
+    post_op = staticmethod(_post)
+
     def start(self, *ops):
         """Post ``ops`` now (they complete while the schedule goes on)."""
+        post = self.post_op
         for op in ops:
             if op.req is None:
-                _post(op)
+                post(op)
         return ops
 
     def copy(self, dst, src) -> None:
@@ -175,19 +194,6 @@ def scratch(pool: dict, name: str, n: int, dtype) -> np.ndarray:
         buf = np.empty(max(nbytes, 64), np.uint8)
         pool[name] = buf
     return buf[:nbytes].view(dtype)
-
-
-def _post(op: Op) -> None:
-    ctx = op.ctx
-    if op.kind == SEND:
-        op.req = ctx.comm.Isend([op.buf, BYTE], op.peer, ctx.tag)
-    elif op.kind == RECV:
-        op.req = ctx.comm.Irecv([op.buf, BYTE], op.peer, ctx.tag)
-    elif op.kind == NATIVE:
-        op.req = op.start()
-    else:
-        op.custom.post()
-        op.req = op.custom
 
 
 # ---- completion checks, shared by the blocking and nonblocking drivers ---------

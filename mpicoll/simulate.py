@@ -167,11 +167,8 @@ class _Context(schedule.Context):
 
     __slots__ = ("run", "stats")
 
-    def start(self, *ops):
-        for op in ops:
-            if op.req is None:
-                self.run.post(op)
-        return ops
+    def post_op(self, op):
+        self.run.post(op)
 
     def scratch(self, name, n, dtype):
         return phantom(n, dtype)
