@@ -77,17 +77,18 @@ def options(collective, algorithm, check, timeout, knobs):
 
 def _decide(st, collective, name, entry, knobs, buf, check_on, sig, native_dtype=True, timeout=None):
     """Stage 3 for the collectives other than allreduce: "auto" resolved by
-    select.native_first, then _settle. Returns (name, entry)."""
+    select.native_first, then _settle. Returns (name, entry, knobs): the
+    knobs the schedule runs with, any that ``prepare`` decided included."""
     if st.size == 1:
         name = "mpi" if name == "auto" else name
         if check_on:
             _check.preflight(st, collective, True, algorithm=name, **sig)
-        return name, entry
+        return name, entry, knobs
     if entry is None:
         name = select.native_first(collective, st.size, buf.nbytes, native_dtype=native_dtype).name
         entry = _alg.get(collective, name)
-    _settle(st, collective, name, entry, knobs, buf, check_on, sig, timeout)
-    return name, entry
+    knobs = _settle(st, collective, name, entry, knobs, buf, check_on, sig, timeout)
+    return name, entry, knobs
 
 
 def _blocking_pool(plan, nonblocking):
@@ -249,7 +250,7 @@ def reduce_scatter(x, op="sum", *, comm=None, counts=None, out=None, algorithm="
     pool = {} if nonblocking else st.pool
     # The algorithms reduce in place: never in the caller's input.
     work = _sched.scratch(pool, "reduce_scatter", srcflat.size, srcflat.dtype) if p > 1 else srcflat
-    name, entry = _decide(st, "reduce_scatter", name, entry, knobs, work, check_on,
+    name, entry, knobs = _decide(st, "reduce_scatter", name, entry, knobs, work, check_on,
                           dict(count=n, dtype=dt.name, op=red.op.name, counts=counts),
                           reduces_natively(dt, red.op), timeout)
 
@@ -308,7 +309,7 @@ def allgather_bytes(comm, flat, mine, rank, p, name, entry, knobs, check_on, tim
         else block_bounds(flat.size, p)
     a, b = bounds[rank]
     st = state(comm, timeout, "allgather")
-    name, entry = _decide(st, "allgather", name, entry, knobs, flat, check_on, sig, timeout=timeout)
+    name, entry, knobs = _decide(st, "allgather", name, entry, knobs, flat, check_on, sig, timeout=timeout)
 
     def prologue():
         if not in_place:
@@ -343,7 +344,7 @@ def bcast(x, root=0, *, comm=None, algorithm="auto", check=None, timeout=None, k
 def bcast_bytes(comm, data, root, name, entry, knobs, check_on, timeout, result, sig, nonblocking) -> Plan:
     st = state(comm, timeout, "bcast")
     p = st.size
-    name, entry = _decide(st, "bcast", name, entry, knobs, data, check_on, sig, timeout=timeout)
+    name, entry, knobs = _decide(st, "bcast", name, entry, knobs, data, check_on, sig, timeout=timeout)
     sched = None
     if p > 1 and data.size:
         s = entry.schedule
@@ -379,7 +380,7 @@ def reduce(x, op="sum", root=0, *, comm=None, out=None, algorithm="auto", dtype=
     else:  # the algorithms overwrite their buffer: never the caller's input
         work = _sched.scratch(pool, "reduce", src.size, src.dtype)
         copy_in = True
-    name, entry = _decide(st, "reduce", name, entry, knobs, work, check_on,
+    name, entry, knobs = _decide(st, "reduce", name, entry, knobs, work, check_on,
                           dict(count=arr.size, dtype=dt.name, op=red.op.name, root=root),
                           reduces_natively(dt, red.op), timeout)
 

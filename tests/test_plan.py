@@ -368,3 +368,40 @@ def test_explain_says_where_shm_and_hierarchical_hand_off(comm, monkeypatch):
                 assert (f"on {comm.size} nodes shm runs as hierarchical" in c.reason) == (forced == "shm"), c
         finally:
             split.Free()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("door", ["blocking", "nonblocking", "persistent"])
+def test_knobs_decided_by_prepare_reach_every_collectives_schedule(comm, door):
+    """An algorithm's ``prepare`` may decide knobs for the call (as
+    hierarchical decides its cross algorithm): the schedule runs with them
+    for every collective, not only all-reduce. Checked with a bcast
+    algorithm registered for the test: its prepare decides ``stride`` and
+    the schedule records what it was given."""
+    from mpicoll import registry
+    from mpicoll.algorithms.tree import binomial_bcast
+
+    seen = []
+
+    def prepare(st, buf, red, stride=1):
+        return {"stride": stride + st.size}
+
+    @registry.register("bcast", "test_prepared", knobs=("stride",), prepare=prepare)
+    def _bcast(ctx, buf, root, stride=1):
+        seen.append(stride)
+        yield from binomial_bcast(ctx, buf, root)
+
+    try:
+        x = np.arange(7, dtype=np.float64) if comm.rank == 0 else np.zeros(7)
+        if door == "blocking":
+            mpicoll.bcast(x, root=0, comm=comm, algorithm="test_prepared")
+        elif door == "nonblocking":
+            mpicoll.ibcast(x, root=0, comm=comm, algorithm="test_prepared").wait()
+        else:
+            req = mpicoll.bcast_init(x, root=0, comm=comm, algorithm="test_prepared")
+            req.start()
+            req.wait()
+        np.testing.assert_array_equal(x, np.arange(7, dtype=np.float64))
+        assert seen == ([1 + comm.size] if comm.size > 1 else []), seen
+    finally:
+        del registry._REGISTRY["bcast"]["test_prepared"]
