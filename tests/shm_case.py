@@ -18,6 +18,7 @@ outside: it must print R0:INTERRUPTED (KeyboardInterrupt reached Python),
 then the uncaught exception ends the job.
 """
 import os
+import signal
 import sys
 import time
 
@@ -35,6 +36,10 @@ def report(what):
 
 
 if case == "sigint":
+    # Python's KeyboardInterrupt handler, as in a program started from a
+    # terminal, even where this job was started in the background by a shell
+    # without job control (its processes then inherit SIGINT ignored).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     comm = MPI.COMM_WORLD.Dup()
     mpicoll.allreduce(np.ones(1000, np.float32), comm=comm, algorithm="shm")  # the window exists
     if rank == 1:

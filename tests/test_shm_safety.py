@@ -132,13 +132,23 @@ def test_sigint_interrupts_a_wait_without_deadline():
         pytest.skip("signals reach the main thread only")
     area = FlagArea(2)
     area.set(0, 1)  # the peer (slot 1) never comes
+    # Python's own handler (KeyboardInterrupt), as in a program started from
+    # a terminal: a process started in the background by a shell without job
+    # control inherits SIGINT ignored, and the wait would then never end.
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+    # Should the signal not end the wait, the peer comes after 20 s: the
+    # test then fails (no KeyboardInterrupt) instead of hanging.
+    late_peer = threading.Timer(20.0, area.set, (1, 1))
     timer.start()
+    late_peer.start()
     try:
         with pytest.raises(KeyboardInterrupt):
             shmwindow.wait_flags(area.base, 2, 1, None)
     finally:
         timer.cancel()
+        late_peer.cancel()
+        signal.signal(signal.SIGINT, old)
 
 
 def test_flag_set_by_another_thread_publishes_its_data():
