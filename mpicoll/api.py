@@ -148,11 +148,19 @@ def allreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", **options):
     # this call's arrays (kept.KeptAllreduce; MISS sends it down the full
     # path). Written out rather than through _door: this is the most
     # latency-bound call there is (a solver's dot product).
-    if not options and type(x) is np.ndarray and type(algorithm) is str:
+    if type(x) is np.ndarray and type(algorithm) is str:
         o = op if type(op) is str else _opkey(op)
+        if options:
+            extra = _signature_options(options)
+            if extra is None:
+                o = None  # an option that changes per call, or a wrong one: the full path
+        else:
+            extra = _NO_EXTRA
         if o is not None:
             mode = 0 if out is None else 1 if out is x else 2
             key = ("allreduce", x.shape, x.dtype, o, algorithm, mode)
+            if extra:
+                key += extra
             if comm is None:
                 st = _by_handle.get(_WORLD_HANDLE)
             else:
@@ -165,7 +173,7 @@ def allreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", **options):
                     res = k(x, out)
                     if res is not _MISS:
                         return res
-            plan = _plan.allreduce(x, op, comm=comm, out=out, algorithm=algorithm)
+            plan = _plan.allreduce(x, op, comm=comm, out=out, algorithm=algorithm, **options)
             _keep(plan, key, mode)
             return plan.run()
     if options:
@@ -176,6 +184,27 @@ def allreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", **options):
 
 
 _OPTIONS = frozenset(("dtype", "compression", "reproducible", "check", "timeout"))
+_NO_EXTRA = ()
+
+
+def _signature_options(options):
+    """allreduce's keyword options as part of a kept signature: ``()`` when
+    they are all at their defaults (the same signature as a call without
+    them), ``(dtype, check)`` when only a dtype name or ``check=False`` is
+    given (``dtype="bfloat16"`` over uint16 storage is a signature of its
+    own, and so is ``check=False``, which overrides MPICOLL_CHECK), or None:
+    an option the kept path cannot serve (compression, reproducible, a
+    deadline, pre-flight checks) or an unknown keyword, left to the full
+    path, which applies or rejects it."""
+    if not _OPTIONS.issuperset(options):
+        return None
+    if options.get("compression") is not None or options.get("reproducible", False) is not False \
+            or options.get("timeout") is not None:
+        return None
+    dtype, check = options.get("dtype"), options.get("check")
+    if (dtype is not None and type(dtype) is not str) or (check is not None and check is not False):
+        return None
+    return _NO_EXTRA if dtype is None and check is None else (dtype, check)
 
 
 def reduce_scatter(x, op="sum", *, comm=None, counts=None, out=None, algorithm="auto", dtype=None,
@@ -224,10 +253,15 @@ def iallreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", dtype=None
     the result). Same arguments as ``allreduce``; every algorithm name works.
     Do not touch ``x`` or ``out`` before the request completes."""
     o = _opkey(op)
-    if o is not None and _plain_call(x, algorithm, dtype, compression, check, timeout) and reproducible is False:
+    if o is not None and _plain_call(x, algorithm, compression, timeout) and reproducible is False \
+            and (dtype is None or type(dtype) is str) and (check is None or check is False):
         # allreduce's signature and kept decision (the same for both forms)
-        return _door(("allreduce", x.shape, x.dtype, o, algorithm, _mode(x, out)), comm, (x, out),
-                     lambda nb: _plan.allreduce(x, op, comm=comm, out=out, algorithm=algorithm, nonblocking=nb),
+        key = ("allreduce", x.shape, x.dtype, o, algorithm, _mode(x, out))
+        if dtype is not None or check is not None:
+            key += (dtype, check)
+        return _door(key, comm, (x, out),
+                     lambda nb: _plan.allreduce(x, op, comm=comm, out=out, algorithm=algorithm, dtype=dtype,
+                                                check=check, nonblocking=nb),
                      False, _mode(x, out))
     return _plan.allreduce(x, op, comm=comm, out=out, algorithm=algorithm, dtype=dtype, compression=compression,
                            reproducible=reproducible, check=check, timeout=timeout, nonblocking=True).start()

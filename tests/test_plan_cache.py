@@ -452,3 +452,39 @@ def test_v_form_entries_are_bounded_least_recently_used(comm, monkeypatch, build
     call(vectors[0])  # built again, evicting the least recently used, vectors[3]
     assert keys[2] in st.plans and keys[0] in st.plans and keys[3] not in st.plans
     assert builds == {"allgatherv": 7}, builds
+
+
+@pytest.mark.parametrize("nonblocking", [False, True])
+def test_calls_with_keyword_options_hit_the_kept_plan(comm, builds, nonblocking):
+    """A ``dtype=`` name (how torch's backend passes bfloat16 tensors),
+    ``check=False`` and options spelled at their defaults are part of the
+    signature, not a reason to build a plan on every call; the options a
+    kept plan cannot serve (a deadline) still build each time."""
+    from mpicoll import kernels
+
+    p, r = comm.size, comm.rank
+
+    def run(x, **kw):
+        if nonblocking:
+            return mpicoll.iallreduce(x, comm=comm, **kw).wait()
+        return mpicoll.allreduce(x, comm=comm, **kw)
+
+    for i in range(4):
+        x = np.full(5, r + i, np.float32)
+        want = np.full(5, p * (p - 1) / 2 + p * i, np.float32)
+        np.testing.assert_array_equal(run(x, dtype="float32"), want)
+        np.testing.assert_array_equal(run(x, check=False), want)
+        np.testing.assert_array_equal(run(x, dtype=None, check=None, timeout=None, compression=None,
+                                          reproducible=False), want)
+        # bfloat16 over uint16 storage: a signature of its own, with its own reduction
+        bits = kernels.f32_to_bf16(x)
+        got = run(bits, dtype="bfloat16")
+        assert got.dtype == np.uint16
+        np.testing.assert_array_equal(kernels.bf16_to_f32(got), want)
+        # the same storage without the dtype name is a uint16 sum: another signature
+        raw = sum(kernels.f32_to_bf16(np.full(5, q + i, np.float32)).astype(np.int64) for q in range(p))
+        np.testing.assert_array_equal(run(bits), (raw % 65536).astype(np.uint16))
+        np.testing.assert_array_equal(run(x, timeout=30.0), want)
+    # float32 with dtype="float32", with check=False, with the defaults (= no
+    # options), bfloat16, uint16: one build each; the deadline call every time
+    assert builds["allreduce"] == 5 + 4, builds
