@@ -181,7 +181,7 @@ def pipeline(ctx, info, buf, red, src, chunk_bytes, between=None, sync=None):
             if n == 0:
                 return
             w = grow(st, w, cap * size)
-        slots = [[w.slot(r, s).view(dtype) for r in range(k)] for s in (0, 1)]
+        slots = w.slots(dtype)
         own = buf if src is None else src
         bounds = block_bounds(min(cap, n), k)
         for c0 in range(0, n, cap):
