@@ -263,11 +263,19 @@ def _registered_for(collective: str, name: str) -> bool:
 # from 1 MiB on the namespace test bed (256 KiB: 0.9-1.0x).
 SHM_MIN_BYTES = 256 << 10
 HIERARCHICAL_MIN_BYTES = 1 << 20
-# ... and up to blocks of this many bytes per rank: beyond, the pipelined
-# ring was as fast or faster on one node in every measurement (float32 sum,
-# idle machine: p=2 8-64 MiB ring 0.26-0.91x native vs shm 0.40-1.22x; p=4
-# 8 MiB shm 0.70x vs ring 0.92x, 32-64 MiB a tie within 10%): shm copies
-# every byte into the window and out again, the ring streams it.
+# ... but since the ring runs as a compiled program in the C executor it
+# beats shm on one node at every size measured (docs/shm.md, "Since the
+# executor": p = 2, 3, 4, float32 and bfloat16, 256 KiB - 4 MiB, ring 1.2-2x
+# faster than shm): up to this many ranks per node auto takes the ring
+# there. Beyond it (not measurable on the 2-core machine) shm stays: its two
+# syncs per chunk do not grow with p, the ring's 2(p-1) steps do.
+SHM_MIN_RANKS_PER_NODE = 5
+# ... and, from 5 ranks per node, up to blocks of this many bytes per rank:
+# beyond, the pipelined ring was as fast or faster on one node in every
+# measurement (float32 sum, idle machine: p=2 8-64 MiB ring 0.26-0.91x
+# native vs shm 0.40-1.22x; p=4 8 MiB shm 0.70x vs ring 0.92x, 32-64 MiB a
+# tie within 10%): shm copies every byte into the window and out again,
+# the ring streams it.
 SHM_MAX_BLOCK_BYTES = 4 << 20
 # Across nodes with a dtype MPI cannot reduce (float16, bfloat16: the DDP
 # compression hooks' buckets), the alternative to the two-level algorithm
@@ -282,6 +290,9 @@ HIERARCHICAL_MIN_BYTES_NOT_NATIVE = 64 << 10
 def _shared_memory_rule(nbytes: int, ranks_per_node: int, nodes: int, native_dtype: bool = True):
     if ranks_per_node < 2:
         return None
+    if nodes == 1 and nbytes >= SHM_MIN_BYTES and ranks_per_node < SHM_MIN_RANKS_PER_NODE:
+        return Choice("ring", f"{ranks_per_node} ranks on one node and >= {SHM_MIN_BYTES} B: the compiled "
+                              "ring beat shm at every size measured on up to 4 ranks per node")
     if nodes == 1 and nbytes >= SHM_MAX_BLOCK_BYTES * ranks_per_node:
         return Choice("ring", f"{ranks_per_node} ranks on one node and blocks of >= {SHM_MAX_BLOCK_BYTES} B "
                               "per rank: the pipelined ring streams what shm would copy in and out")

@@ -28,15 +28,22 @@ def test_layout_defaults_keep_the_old_decision():
     assert select.allreduce(8, 1 << 24, "sum", "float32", ranks_per_node=8, nodes=1).name == "shm"
 
 
-def test_one_node_uses_shm_for_long_messages():
+def test_one_node_uses_the_ring_up_to_four_ranks_then_shm_for_long_messages():
     big = select.SHM_MIN_BYTES
-    assert select.allreduce(4, big, "sum", "float32", ranks_per_node=4, nodes=1).name == "shm"
-    assert select.allreduce(2, 4 << 20, "sum", "float16", native_dtype=False, ranks_per_node=2).name == "shm"
-    # long blocks per rank: the ring (measured faster there)
+    few = select.SHM_MIN_RANKS_PER_NODE - 1
+    many = select.SHM_MIN_RANKS_PER_NODE
+    # up to 4 ranks per node: the compiled ring (measured faster than shm)
+    assert select.allreduce(few, big, "sum", "float32", ranks_per_node=few, nodes=1).name == "ring"
+    assert select.allreduce(2, 4 << 20, "sum", "float16", native_dtype=False, ranks_per_node=2).name == "ring"
     assert select.allreduce(2, 64 << 20, "sum", "float32", ranks_per_node=2, nodes=1).name == "ring"
-    assert select.allreduce(4, 8 << 20, "sum", "float32", ranks_per_node=4, nodes=1).name == "shm"
-    assert select.allreduce(4, 16 << 20, "sum", "float32", ranks_per_node=4, nodes=1).name == "ring"
-    assert select.allreduce(4, big - 1, "sum", "float32", ranks_per_node=4, nodes=1).name != "shm"
+    assert select.allreduce(few, big - 1, "sum", "float32", ranks_per_node=few, nodes=1).name == "mpi"
+    # more ranks per node: shm, up to 4 MiB blocks per rank, then the ring again
+    assert select.allreduce(many, big, "sum", "float32", ranks_per_node=many, nodes=1).name == "shm"
+    assert select.allreduce(8, 16 << 20, "sum", "float16", native_dtype=False, ranks_per_node=8).name == "shm"
+    assert select.allreduce(many, (4 << 20) * many - 1, "sum", "float32", ranks_per_node=many,
+                            nodes=1).name == "shm"
+    assert select.allreduce(many, (4 << 20) * many, "sum", "float32", ranks_per_node=many, nodes=1).name == "ring"
+    assert select.allreduce(many, big - 1, "sum", "float32", ranks_per_node=many, nodes=1).name != "shm"
 
 
 def test_several_nodes_use_hierarchical_for_long_messages():
