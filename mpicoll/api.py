@@ -48,11 +48,18 @@ _WORLD_HANDLE = _WORLD.handle
 def _kept(comm, key):
     """The kept entry of ``key`` on ``comm``, or None (no state yet, or no entry)."""
     if comm is None:
-        comm = _WORLD
-    elif not isinstance(comm, MPI.Comm):
+        st = _by_handle.get(_WORLD_HANDLE)
+    elif isinstance(comm, MPI.Comm):
+        st = _by_handle.get(comm.handle)
+    else:
         return None  # the full path raises the usual TypeError
-    st = _by_handle.get(comm.handle)
-    return None if st is None else st.plans.get(key)
+    if st is None:
+        return None
+    plans = st.plans._d  # (PlanCache.get written out: this runs on every call)
+    k = plans.get(key)
+    if k is not None:
+        plans.move_to_end(key)
+    return k
 
 
 def _keep(plan, key, mode=0):
@@ -86,7 +93,12 @@ def _plain_call(x, algorithm, *rest) -> bool:
     """A call the kept doors take: a numpy input, an algorithm name, and no
     option that changes per call (the other arguments, given as ``rest``,
     are None)."""
-    return type(x) is np.ndarray and type(algorithm) is str and all(r is None for r in rest)
+    if type(x) is not np.ndarray or type(algorithm) is not str:
+        return False
+    for r in rest:  # (a loop, not all() over a generator: this runs on every call)
+        if r is not None:
+            return False
+    return True
 
 
 def _opkey(op):
@@ -256,13 +268,19 @@ def iallreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", dtype=None
     if o is not None and _plain_call(x, algorithm, compression, timeout) and reproducible is False \
             and (dtype is None or type(dtype) is str) and (check is None or check is False):
         # allreduce's signature and kept decision (the same for both forms)
-        key = ("allreduce", x.shape, x.dtype, o, algorithm, _mode(x, out))
+        mode = 0 if out is None else 1 if out is x else 2
+        key = ("allreduce", x.shape, x.dtype, o, algorithm, mode)
         if dtype is not None or check is not None:
             key += (dtype, check)
-        return _door(key, comm, (x, out),
-                     lambda nb: _plan.allreduce(x, op, comm=comm, out=out, algorithm=algorithm, dtype=dtype,
-                                                check=check, nonblocking=nb),
-                     False, _mode(x, out))
+        k = _kept(comm, key)
+        if k is not None:
+            req = k.start(x, out)
+            if req is not _MISS:
+                return req
+        plan = _plan.allreduce(x, op, comm=comm, out=out, algorithm=algorithm, dtype=dtype, check=check,
+                               nonblocking=True)
+        _keep(plan, key, mode)
+        return plan.start()
     return _plan.allreduce(x, op, comm=comm, out=out, algorithm=algorithm, dtype=dtype, compression=compression,
                            reproducible=reproducible, check=check, timeout=timeout, nonblocking=True).start()
 

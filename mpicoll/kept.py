@@ -164,13 +164,14 @@ class KeptAllreduce(_Kept):
 
     def _out(self, x, out):
         """The result array for this call, or MISS."""
-        if self.st.freed or not _plain(x) or not _env_unchanged(self):
+        fl = x.flags  # (_plain written out: this runs on every call)
+        if self.st.freed or not (fl.c_contiguous and fl.aligned) or not _env_unchanged(self):
             return _MISS
         mode = self.mode
         if mode == 0:
             return np.empty(x.shape, x.dtype)
         if mode == 1:
-            return x if x.flags.writeable else _MISS
+            return x if fl.writeable else _MISS
         return out if _free_out(out, x.shape, x.dtype, x) else _MISS
 
     def __call__(self, x, out):
@@ -236,15 +237,20 @@ class KeptAllreduce(_Kept):
             if not exe:
                 return self._plan(x, out, None).start()
             return self._start_compiled(exe, x, out)
-        enter(st)
+        busy = st.busy
+        if engine._running_callbacks or not busy.acquire(False):
+            enter(st)  # raises the error that applies
         try:
             st.next_seq()
             dt = self.datatype
-            req = st.comm.Iallreduce(MPI.IN_PLACE if out is x else [x, dt], [out, dt], self.op)
+            req = st.comm.Iallreduce(_IN_PLACE if out is x else [x, dt], [out, dt], self.op)
         finally:
-            st.busy.release()
-        red, size = self.red, st.size
-        finish = (lambda: red.finish(out.reshape(-1), size)) if red.op.average else None
+            busy.release()
+        if self.avg:
+            red, size = self.red, st.size
+            finish = lambda: red.finish(out.reshape(-1), size)  # noqa: E731
+        else:
+            finish = None
         return engine.start_native(req, out, finish, x.nbytes, st, keep=(x, out))
 
     def _start_compiled(self, exe, x, out):
