@@ -53,7 +53,20 @@ def _out_ok(out, shape, dtype) -> bool:
 def _free_out(out, shape, dtype, x) -> bool:
     """``out`` can receive a ``shape``/``dtype`` result without staging and
     does not overlap ``x``."""
-    return _out_ok(out, shape, dtype) and not np.may_share_memory(x, out)
+    if type(out) is not np.ndarray or out.shape != shape:
+        return False
+    od = out.dtype
+    if od is not dtype and od != dtype:
+        return False
+    fl = out.flags
+    if not (fl.c_contiguous and fl.aligned and fl.writeable):
+        return False
+    # Two arrays that each own their memory are two allocations, which cannot
+    # overlap: the usual call skips may_share_memory (~0.7 us here). (_out_ok
+    # written out: this runs on every call with out=.)
+    if fl.owndata and out is not x and x.flags.owndata:
+        return True
+    return not np.may_share_memory(x, out)
 
 
 def _place(x, out, a: int, b: int) -> bool:
