@@ -129,7 +129,7 @@ class Executable:
     """A program bound to the executor and to one communicator's state."""
 
     __slots__ = ("prog", "st", "steps", "lists", "nsteps", "op", "dtype", "handle", "keys", "own", "kit",
-                 "collective", "algorithm")
+                 "collective", "algorithm", "idle")
 
     def __init__(self, prog, st, red, collective, algorithm):
         self.prog, self.st = prog, st
@@ -146,6 +146,7 @@ class Executable:
         self.keys = tuple(f"exec-{i}" for i in range(len(prog.scratch)))
         self.own = sum(prog.scratch) <= OWN_SCRATCH_BYTES
         self.kit = self._blocking_kit()
+        self.idle = []  # kits of completed nonblocking runs (own scratch only): see take_kit
 
     def _blocking_kit(self):
         return Kit(self.prog, [np.empty(max(n, 64), np.uint8) for n in self.prog.scratch] if self.own else [])
@@ -163,6 +164,33 @@ class Executable:
     def new_kit(self, pool):
         """A kit for one nonblocking run at a time, scratch from ``pool``."""
         return Kit(self.prog, self.scratch(pool))
+
+    # Kits kept for the next nonblocking runs of a program that owns its
+    # scratch: making one (C state, error words, scratch and its pointers)
+    # was most of a short iallreduce's cost. A few, for overlapping requests.
+    IDLE_KITS = 4
+
+    def take_kit(self):
+        """(kit, give_back) for one nonblocking run: with own scratch a kept
+        kit (or a new one), ``give_back()`` files it again once the run has
+        completed; otherwise a kit on a pool of the communicator's, which
+        ``give_back()`` returns. A failed run's kit is abandoned, never
+        given back (the library may still write into it)."""
+        if self.own:
+            idle = self.idle
+            kit = idle.pop() if idle else self._blocking_kit()
+
+            def give_back():
+                if len(idle) < self.IDLE_KITS:
+                    idle.append(kit)
+            return kit, give_back
+        pools = self.st.idle_pools  # scratch of completed requests, reused as Plan._start does
+        pool = pools.pop() if pools else {}
+
+        def give_back():
+            if len(pools) < 4:
+                pools.append(pool)
+        return self.new_kit(pool), give_back
 
     def run(self, buf, src, tag, seq):
         """Blocking run on ``buf`` (result, written) and ``src`` (input or None)."""

@@ -268,20 +268,18 @@ class KeptAllreduce(_Kept):
 
     def _start_compiled(self, exe, x, out):
         st, red = self.st, self.red
-        idle = st.idle_pools  # scratch of completed requests, reused as Plan._start does
-        pool = idle.pop() if idle else {}
+        kit, give_back = exe.take_kit()
         avg, size = self.avg, st.size
 
         def finish():
             if avg:
                 red.finish(out.reshape(-1), size)
-            if len(idle) < 4:
-                idle.append(pool)
+            give_back()
 
         enter(st)
         try:
             seq, tag = st.next_seq()
-            return exe.start(out, None if out is x else x, tag, seq, exe.new_kit(pool), out, finish, None, x.nbytes)
+            return exe.start(out, None if out is x else x, tag, seq, kit, out, finish, None, x.nbytes)
         finally:
             st.busy.release()
 

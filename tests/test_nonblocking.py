@@ -70,6 +70,32 @@ def test_iallreduce_without_progress_thread(algorithm):
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_outstanding_operations_of_one_kept_signature(algorithm, progress_mode):
+    """Seven calls of one signature in flight at once, rounds after rounds:
+    a compiled kept plan gives each run its own kit and files completed
+    ones for the next runs (executor.take_kit); each rank waits in its own
+    order. Every result is checked, and the filed kits stay few."""
+    comm = MPI.COMM_WORLD
+    p, rank = comm.size, comm.rank
+    n, k = 2 * p + 3, 7
+    rng = np.random.default_rng(rank)
+    for rnd in range(6):
+        xs = [np.full(n, rank + 10 * i + rnd, np.float32) for i in range(k)]
+        outs = [np.empty_like(x) for x in xs]
+        reqs = [mpicoll.iallreduce(x, out=o, algorithm=algorithm) for x, o in zip(xs, outs)]
+        for i in rng.permutation(k):
+            reqs[i].wait()
+        for i in range(k):
+            want = sum(q + 10 * i + rnd for q in range(p))
+            np.testing.assert_array_equal(outs[i], np.full(n, want, np.float32), err_msg=f"round {rnd}, call {i}")
+    from mpicoll.comm import state
+    for kept in state(comm).plans._d.values():
+        exe = getattr(kept, "exe", None)
+        if exe:
+            assert len(exe.idle) <= exe.IDLE_KITS
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_outstanding_operations_complete_in_any_order(algorithm, progress_mode):
     """Five operations of different sizes in flight on one communicator (and
     one on a split of it); each rank waits for them in its own order, some
