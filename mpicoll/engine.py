@@ -289,10 +289,14 @@ class NativeRequest(Request):
 
     It joins the engine's list only when something must notice its
     completion without its owner: a done-callback, a deadline, or a wait()
-    while other requests are outstanding (then it is driven with them).
-    Until then the MPI library advances it by itself, inside any MPI call
-    (MPI's progress rule), and ``wait()`` with no request in the list blocks
-    in ``MPI_Wait``, the GIL released: a native collective at native cost.
+    while other requests are outstanding (then it is driven with them) -
+    or when it is long (``WAKE_MIN_BYTES``), so that the progress thread's
+    tests advance it while the caller computes (the library moves a
+    collective only inside MPI calls). Otherwise the MPI library advances it
+    inside the caller's next MPI call (MPI's progress rule), and ``wait()``
+    with no other request in the list (a long one is taken back from the
+    thread) blocks in ``MPI_Wait``, the GIL released: a native collective at
+    native cost.
     ``expired`` makes the timeout error when a deadline is given.
 
     ``keep``: whatever holds the memory the MPI call reads and writes (the
@@ -582,8 +586,16 @@ class _Engine:
         """wait() for a NativeRequest: in MPI_Wait (GIL released) while no
         request is in the list; otherwise listed and driven with the others."""
         with self.lock:
-            alone = not req._listed and not req._finished and not req._blocking and not self.active
+            alone = not req._finished and not req._blocking and (
+                not self.active and not req._listed
+                # listed only because it is long (start_native), and the only
+                # one: taken back from the progress thread (it tests under
+                # this lock, so it is not testing now)
+                or req._listed and req._deadline is None and len(self.active) == 1 and self.active[0] is req)
             if alone:
+                if req._listed:
+                    self.active.clear()
+                    req._listed = False
                 req._blocking = True
             elif not req._blocking:
                 self.list_locked(req)
@@ -706,9 +718,13 @@ def start_native(mpi_req, result=None, finish=None, nbytes: int = WAKE_MIN_BYTES
     """Hand an MPI request already started (the library's I-call, a started
     persistent request) to the engine; ``finish`` runs once it completes,
     ``keep`` (what holds its buffers) is held until then. Listed at once
-    only with a deadline (see NativeRequest)."""
+    with a deadline, or when it is long (see NativeRequest)."""
     req = NativeRequest(mpi_req, result, finish, deadline, st, expired, keep)
-    if deadline is not None:
+    if deadline is not None or nbytes >= WAKE_MIN_BYTES:
+        # A long one is listed too: the library advances a collective only
+        # inside MPI calls, so left alone it waited for wait() and overlapped
+        # nothing (`make bench-overlap`, algorithm mpi: 0 % at 1-16 MiB);
+        # the progress thread's tests move it while the caller computes.
         req._listed = True  # (listed by start)
         return _engine.start(req, wake=nbytes >= WAKE_MIN_BYTES)
     if st is not None:
