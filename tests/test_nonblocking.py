@@ -216,7 +216,9 @@ def test_progress_thread_advances_without_test_calls():
     engine.set_progress_thread(True)
     try:
         for algorithm in ("ring", "recursive_doubling", "mpi"):
-            req = mpicoll.iallreduce(np.ones(50_000, np.float32), algorithm=algorithm)  # >= WAKE_MIN_BYTES
+            # long enough to be listed for the thread, the library's own call included
+            n = max(engine.WAKE_MIN_BYTES, engine.NATIVE_LIST_MIN_BYTES) // 4 + 1000
+            req = mpicoll.iallreduce(np.ones(n, np.float32), algorithm=algorithm)
             deadline = time.monotonic() + 30
             while not req.done and time.monotonic() < deadline:
                 time.sleep(0.01)
