@@ -53,13 +53,7 @@ def _kept(comm, key):
         st = _by_handle.get(comm.handle)
     else:
         return None  # the full path raises the usual TypeError
-    if st is None:
-        return None
-    plans = st.plans._d  # (PlanCache.get written out: this runs on every call)
-    k = plans.get(key)
-    if k is not None:
-        plans.move_to_end(key)
-    return k
+    return None if st is None else st.plans.get(key)
 
 
 def _keep(plan, key, mode=0):
@@ -213,7 +207,14 @@ def _signature_options(options):
     if options.get("compression") is not None or options.get("reproducible", False) is not False \
             or options.get("timeout") is not None:
         return None
-    dtype, check = options.get("dtype"), options.get("check")
+    return _dtype_check_key(options.get("dtype"), options.get("check"))
+
+
+def _dtype_check_key(dtype, check):
+    """The part of an all-reduce's kept signature that ``dtype`` and
+    ``check`` make (both doors, allreduce and iallreduce): ``()`` at their
+    defaults, ``(dtype, check)`` for a dtype name and/or ``check=False``, or
+    None (a dtype object, check=True: the full path)."""
     if (dtype is not None and type(dtype) is not str) or (check is not None and check is not False):
         return None
     return _NO_EXTRA if dtype is None and check is None else (dtype, check)
@@ -265,13 +266,12 @@ def iallreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", dtype=None
     the result). Same arguments as ``allreduce``; every algorithm name works.
     Do not touch ``x`` or ``out`` before the request completes."""
     o = _opkey(op)
-    if o is not None and _plain_call(x, algorithm, compression, timeout) and reproducible is False \
-            and (dtype is None or type(dtype) is str) and (check is None or check is False):
+    extra = _dtype_check_key(dtype, check)
+    if o is not None and extra is not None and _plain_call(x, algorithm, compression, timeout) \
+            and reproducible is False:
         # allreduce's signature and kept decision (the same for both forms)
-        mode = 0 if out is None else 1 if out is x else 2
-        key = ("allreduce", x.shape, x.dtype, o, algorithm, mode)
-        if dtype is not None or check is not None:
-            key += (dtype, check)
+        mode = _mode(x, out)
+        key = ("allreduce", x.shape, x.dtype, o, algorithm, mode) + extra
         k = _kept(comm, key)
         if k is not None:
             req = k.start(x, out)

@@ -184,12 +184,7 @@ class Executable:
                 if len(idle) < self.IDLE_KITS:
                     idle.append(kit)
             return kit, give_back
-        pools = self.st.idle_pools  # scratch of completed requests, reused as Plan._start does
-        pool = pools.pop() if pools else {}
-
-        def give_back():
-            if len(pools) < 4:
-                pools.append(pool)
+        pool, give_back = self.st.borrow_pool()
         return self.new_kit(pool), give_back
 
     def run(self, buf, src, tag, seq):

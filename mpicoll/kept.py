@@ -53,18 +53,11 @@ def _out_ok(out, shape, dtype) -> bool:
 def _free_out(out, shape, dtype, x) -> bool:
     """``out`` can receive a ``shape``/``dtype`` result without staging and
     does not overlap ``x``."""
-    if type(out) is not np.ndarray or out.shape != shape:
-        return False
-    od = out.dtype
-    if od is not dtype and od != dtype:
-        return False
-    fl = out.flags
-    if not (fl.c_contiguous and fl.aligned and fl.writeable):
+    if not _out_ok(out, shape, dtype):
         return False
     # Two arrays that each own their memory are two allocations, which cannot
-    # overlap: the usual call skips may_share_memory (~0.7 us here). (_out_ok
-    # written out: this runs on every call with out=.)
-    if fl.owndata and out is not x and x.flags.owndata:
+    # overlap: the usual call skips may_share_memory (~0.7 us here).
+    if out is not x and out.flags.owndata and x.flags.owndata:
         return True
     return not np.may_share_memory(x, out)
 
@@ -177,14 +170,13 @@ class KeptAllreduce(_Kept):
 
     def _out(self, x, out):
         """The result array for this call, or MISS."""
-        fl = x.flags  # (_plain written out: this runs on every call)
-        if self.st.freed or not (fl.c_contiguous and fl.aligned) or not _env_unchanged(self):
+        if self.st.freed or not _plain(x) or not _env_unchanged(self):
             return _MISS
         mode = self.mode
         if mode == 0:
             return np.empty(x.shape, x.dtype)
         if mode == 1:
-            return x if fl.writeable else _MISS
+            return x if x.flags.writeable else _MISS
         return out if _free_out(out, x.shape, x.dtype, x) else _MISS
 
     def __call__(self, x, out):

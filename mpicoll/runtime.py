@@ -138,17 +138,13 @@ class Plan:
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         finish = self.finish
         if pool is None:
-            # Scratch of completed nonblocking calls is reused (a fresh 16 MiB
-            # temporary costs about as much in page faults as reducing it).
-            idle = self.st.idle_pools
-            pool = idle.pop() if idle else {}
+            pool, give_back = self.st.borrow_pool()
             done = finish
 
             def finish():
                 if done is not None:
                     done()
-                if len(idle) < 4:
-                    idle.append(pool)
+                give_back()
 
         gen = self.schedule(self._context(pool))
         return engine.start(gen, self.result, finish, deadline, self.nbytes, self.st)
