@@ -26,21 +26,32 @@ What each operation costs:
   rank's host (a SimGrid execution, so ranks share a host's cores).
 * each call starts with ``call_overhead_s`` (the per-call cost ``o`` of
   ``mpicoll.model``: plan, Python, the driver's entry).
+* shared memory (``shm`` on one node, ``hierarchical`` across nodes, whose
+  schedules run unchanged): ``ctx.copy`` costs ``bytes / copy_Bps`` of the
+  rank's time, a sync point ``sync_s`` and then waits for every rank of
+  the node (a SimGrid barrier); the cross-node all-reduce runs on a
+  simulated sub-communicator (one rank per node, its own mailboxes).
 
 The data does not move: buffers are *phantom* numpy arrays of the real
 length whose elements all alias one scalar (stride 0), so a 64 MiB
 all-reduce at p = 1024 costs no memory, while the schedules still slice
 them and every size and byte count is the real one.
 
-Limitations: only point-to-point schedules run. The MPI library's own
-collective (``mpi``), and algorithms that need a sub-communicator or
-shared memory (``hierarchical``, ``shm``) raise ``Unsimulable`` and are
-reported as not simulated; the MPI library's algorithms are simulated
-natively by SMPI instead (sim/anchor.c, docs/scale.md). A send of more
+Limitations: the MPI library's own collective (``mpi``) raises
+``Unsimulable`` and is reported as not simulated, and so does
+``hierarchical`` where its cross-node step would be that call (auto's
+choice for slices under 1 MiB; give ``cross=`` to simulate one of
+mpicoll's); the MPI library's algorithms are simulated natively by SMPI
+instead (sim/anchor.c, docs/scale.md). A node's ranks do not share its
+memory bandwidth here (copies and reductions each run at the full rate
+on their own core), which flatters shm's copies on a busy node. A send of more
 than ``eager_bytes`` completes only once its receive is posted (MPI's
 rendezvous protocol): a schedule that waits for such a send before posting
 the matching receive deadlocks here (RuntimeError naming the stuck ranks),
-as it could under MPI. avg's final division and local copies are free.
+as it could under MPI. avg's final division is free; local copies cost
+only where the schedule copies through ``ctx.copy`` (shm's window, and
+the out-of-place copies of the network algorithms, which this driver's
+in-place calls never make).
 Platform parameters are in the platform file's ``<prop id="mpicoll.*">``
 elements (see platforms/*.xml).
 
@@ -71,7 +82,7 @@ from typing import Dict, List, NamedTuple, Optional
 import numpy as np
 
 from . import counting, schedule
-from .schedule import RECV, SEND
+from .schedule import CUSTOM, RECV, SEND
 
 DEBIAN_DIST_PACKAGES = "/usr/lib/python3/dist-packages"
 
@@ -115,6 +126,8 @@ class Platform(NamedTuple):
     call_overhead_s: float  # fixed cost of one collective call
     eager_bytes: int  # sends up to this size complete at once
     props: dict
+    copy_Bps: Optional[float] = None  # bytes one rank copies per second (shm's copies in and out)
+    sync_s: Optional[float] = None  # software cost of one shared-memory sync (shm's flag wait)
 
 
 def load_platform(path: str) -> Platform:
@@ -136,8 +149,9 @@ def load_platform(path: str) -> Platform:
     for h in root.iter("host"):  # hosts listed one by one (platforms/hetero-8x1.xml)
         hosts += 1
         cores = int(h.get("core", "1"))
+    optional = {k: float(props[k]) if k in props else None for k in ("copy_Bps", "sync_s")}
     return Platform(path, hosts, cores, float(props["reduce_Bps"]), float(props["op_overhead_s"]),
-                    float(props["call_overhead_s"]), int(float(props["eager_bytes"])), props)
+                    float(props["call_overhead_s"]), int(float(props["eager_bytes"])), props, **optional)
 
 
 # ---- phantom buffers ----------------------------------------------------------------
@@ -163,9 +177,15 @@ class Stats(counting.SimStats):
 
 class _Context(schedule.Context):
     """A rank's context in the SimGrid driver: operations become SimGrid
-    communications when posted (``_Run.post``)."""
+    communications when posted (``_Run.post``). ``members``: the world
+    ranks of this context's communicator (None: the simulated world), so
+    that a sub-communicator's messages go between the right hosts."""
 
-    __slots__ = ("run", "stats")
+    __slots__ = ("run", "stats", "members")
+
+    def __init__(self, st, tag, pool, info=None):
+        super().__init__(st, tag, pool, info)
+        self.members = getattr(st, "members", None)
 
     def post_op(self, op):
         self.run.post(op)
@@ -173,14 +193,111 @@ class _Context(schedule.Context):
     def scratch(self, name, n, dtype):
         return phantom(n, dtype)
 
+    def copy(self, dst, src):
+        # Nothing moves (phantoms): the copy costs the rank its time.
+        self.run.spend(dst.nbytes / self.run.plat.copy_Bps)
+
     def native(self, blocking, start):
         raise Unsimulable("the MPI library's own collective (simulated by SMPI instead: sim/anchor.c)")
 
     def custom(self, obj):
-        raise Unsimulable("shared-memory synchronisation is not simulated")
+        if not isinstance(obj, _NodeSync):
+            raise Unsimulable(f"{getattr(obj, 'what', 'a custom wait')} is not simulated")
+        return super().custom(obj)
 
     def sub(self, st):
-        raise Unsimulable("sub-communicators are not simulated")
+        c = _Context(st, self.tag, self.pool, self.info)
+        c.run, c.stats, c.phase = self.run, self.stats, self.phase
+        return c
+
+
+# ---- shared memory, simulated (shm on one node, hierarchical across) --------------
+# The shm pipeline (algorithms/shm.py) runs unchanged; what it asks of MPI
+# is stood in for: the node layout (node.NodeInfo), the window
+# (shmwindow.ShmWindow: phantom slots, no signature check: every simulated
+# rank makes the same call) and its flag sync (a SimGrid barrier of the
+# node's ranks after ``sync_s`` of the rank's time). Copies cost
+# ``copy_Bps``, the k-input reduction ``reduce_Bps`` per byte combined, on
+# the rank's host like every reduction here. Not modelled: a node's ranks
+# sharing its memory bandwidth (nor for the network algorithms' reductions).
+
+class _SubComm(counting._SimComm):
+    """A simulated sub-communicator (hierarchical's cross communicator):
+    ``members`` are its ranks' world ranks, in its rank order."""
+
+    def __init__(self, rank, members):
+        super().__init__(rank, len(members))
+        self.members = tuple(members)
+        self.profile = None  # no tuning profile: auto's fixed rules (select.py)
+
+
+class _Node:
+    """node.NodeInfo's facts for one rank of the simulated layout (rank r on
+    node r // ppn; the last node may hold fewer ranks)."""
+
+    def __init__(self, rank, p, ppn):
+        self.nodes = -(-p // ppn)
+        self.node = rank // ppn
+        self.node_ranks = [list(range(m * ppn, min(p, (m + 1) * ppn))) for m in range(self.nodes)]
+        mine = self.node_ranks[self.node]
+        self.local_rank, self.local_size = rank - mine[0], len(mine)
+        self.ranks_per_node = len(self.node_ranks[0])
+        self.uniform = len(self.node_ranks[-1]) == self.ranks_per_node
+        self.contiguous = True
+        self._rank, self._cross = rank, None
+
+    def cross_state(self):
+        if self._cross is None:  # as NodeInfo: Split(color=local rank, key=node)
+            members = [rs[self.local_rank] for rs in self.node_ranks if len(rs) > self.local_rank]
+            self._cross = _SubComm(members.index(self._rank), members)
+        return self._cross
+
+
+class _NodeSync:
+    """One shared-memory sync point: every rank of the node reaches it."""
+
+    what = "a shared-memory sync"
+
+    def __init__(self, run, barrier):
+        self.run, self.barrier = run, barrier
+
+    def post(self):
+        pass
+
+    def wait_simulated(self):
+        if self.run.plat.sync_s:
+            self.run.sg.this_actor.sleep_for(self.run.plat.sync_s)
+        self.barrier.wait()
+
+
+class _Window:
+    """shmwindow.ShmWindow's face to the shm pipeline, with phantom slots of
+    the largest size (so the window never grows)."""
+
+    sync_mode = "flags"
+
+    def __init__(self, run, barrier, k):
+        from .shmwindow import MAX_SLOT_BYTES
+
+        self.run, self.barrier, self.k = run, barrier, k
+        self.slot_bytes, self.turn, self.checks = MAX_SLOT_BYTES, 0, 0
+        self._views = {}
+
+    def slots(self, dtype):
+        got = self._views.get(dtype)
+        if got is None:
+            n = self.slot_bytes // np.dtype(dtype).itemsize
+            got = self._views[dtype] = [[phantom(n, dtype) for _ in range(self.k)] for _ in (0, 1)]
+        return got
+
+    def publish(self, sig):
+        pass
+
+    def verify(self, sig, info, ctx):
+        pass
+
+    def sync_op(self, ctx):
+        return ctx.custom(_NodeSync(self.run, self.barrier))
 
 
 class _TimedReduction:
@@ -214,45 +331,66 @@ class _Run:
     def __init__(self, sg, plat: Platform, p: int, ppn: int):
         self.sg, self.plat, self.p, self.ppn = sg, plat, p, ppn
         self.mailboxes: Dict[tuple, object] = {}
+        self.spaces: Dict[tuple, str] = {}  # sub-communicator (its world ranks) -> mailbox prefix
         self.stats = [Stats() for _ in range(p)]
         self.error: Optional[BaseException] = None
 
-    def mailbox(self, src, dst):
-        mb = self.mailboxes.get((src, dst))
+    def mailbox(self, members, src, dst):
+        # One mailbox per (communicator, sender, receiver), as MPI matches
+        # per communicator; src and dst are the communicator's ranks.
+        key = (members, src, dst)  # members: a tuple, or None for the world
+        mb = self.mailboxes.get(key)
         if mb is None:
-            mb = self.mailboxes[(src, dst)] = self.sg.Mailbox.by_name(f"{src}>{dst}")
+            space = "" if members is None else self.spaces.setdefault(members, f"c{len(self.spaces)}:")
+            mb = self.mailboxes[key] = self.sg.Mailbox.by_name(f"{space}{src}>{dst}")
         return mb
+
+    def spend(self, seconds):
+        """``seconds`` of this rank's time on its host (ranks share a host's cores)."""
+        if seconds > 0:
+            host = self.sg.this_actor.get_host()
+            self.sg.this_actor.execute(seconds * host.speed)
 
     def post(self, op):
         sg, ctx = self.sg, op.ctx
+        if op.kind == CUSTOM:  # a node sync: nothing to start (its flag store is in sync_s)
+            op.req = op.custom
+            return
         nbytes = op.buf.nbytes
         if op.kind == SEND:
             ctx.stats.messages += 1
             ctx.stats.bytes_sent += nbytes
             if self.plat.op_overhead_s:
                 sg.this_actor.sleep_for(self.plat.op_overhead_s)
-            mb = self.mailbox(ctx.rank, op.peer)
+            mb = self.mailbox(ctx.members, ctx.rank, op.peer)
             if nbytes <= self.plat.eager_bytes:
                 mb.put_init(nbytes, nbytes).detach()  # detach() starts it; nobody waits
                 op.req = True
             else:
                 op.req = mb.put_async(nbytes, nbytes)
         elif op.kind == RECV:
-            op.req = self.mailbox(op.peer, ctx.rank).get_async()  # (comm, payload getter)
+            op.req = self.mailbox(ctx.members, op.peer, ctx.rank).get_async()  # (comm, payload getter)
         else:  # pragma: no cover - _Context refuses the other kinds before
             raise Unsimulable("only point-to-point operations are simulated")
 
     def wait(self, ops):
-        comms = []
+        comms, syncs = [], []
         for op in ops:
             if op.req is None:
                 self.post(op)
-            if op.req is not True:
+            if op.kind == CUSTOM:
+                if op.req is not True:
+                    syncs.append(op.custom)
+            elif op.req is not True:
                 comms.append(op.req[0] if op.kind == RECV else op.req)
         if comms:
             self.sg.Comm.wait_all(comms)
+        for sync in syncs:
+            sync.wait_simulated()
         for op in ops:
-            if op.kind == RECV and op.req is not True:
+            if op.kind == CUSTOM:
+                op.req = True
+            elif op.kind == RECV and op.req is not True:
                 got = op.req[1].get()
                 if got != op.buf.nbytes:
                     raise schedule.size_mismatch(op, got)
@@ -329,9 +467,9 @@ def run(platform, collective: str, algorithm: str, p: int, nbytes: int, *, ppn: 
     from .algorithms import get
 
     alg = get(collective, algorithm)  # raises ValueError for an unknown name, before any work
-    if alg.native is not None or algorithm in ("shm", "hierarchical"):
-        raise Unsimulable(f"{collective}/{algorithm} needs the MPI library or shared memory; "
-                          "the SimGrid driver runs point-to-point schedules only")
+    if alg.native is not None:
+        raise Unsimulable(f"{collective}/{algorithm} is the MPI library's own call; "
+                          "the SimGrid driver runs mpicoll's schedules only (SMPI runs the library's)")
     if dtype not in dtypes.BY_NAME:
         raise ValueError(f"mpicoll: unknown dtype {dtype!r}; known: {', '.join(sorted(dtypes.BY_NAME))}")
     dt = dtypes.BY_NAME[dtype]
@@ -342,7 +480,38 @@ def run(platform, collective: str, algorithm: str, p: int, nbytes: int, *, ppn: 
     else:
         itemsize, storage = 1, np.uint8  # data-movement collectives: bytes
     n = nbytes // itemsize
-    return _in_child(_simulate, plat, alg, collective, p, ppn, n, storage, dt, reduction, knobs or {})
+    knobs = dict(knobs or {})
+    if algorithm in SHARED_MEMORY:
+        knobs = _shared_memory_knobs(plat, p, ppn, n, itemsize, dt, reduction, knobs)
+    return _in_child(_simulate, plat, alg, collective, p, ppn, n, storage, dt, reduction, knobs)
+
+
+SHARED_MEMORY = ("shm", "hierarchical")
+
+
+def _shared_memory_knobs(plat, p, ppn, n, itemsize, dt, reduction, knobs) -> dict:
+    """Checks for shm/hierarchical, and the cross-node algorithm decided as
+    hierarchical's ``prepare`` decides it (auto's choice for the cross
+    communicator and one chunk's slice) when the knobs do not name one."""
+    from .algorithms import hierarchical, shm
+
+    if plat.copy_Bps is None or plat.sync_s is None:
+        raise ValueError(f"mpicoll: {plat.path} lacks mpicoll.copy_Bps or mpicoll.sync_s "
+                         "(the shared-memory algorithms' copy rate and sync cost)")
+    if knobs.get("sync") not in (None, "flags"):
+        raise Unsimulable(f"shm sync={knobs['sync']!r} (MPI_Barrier on the node) is not simulated; flags are")
+    shm.check_cross(knobs.get("cross"))
+    st = counting._SimComm(0, p)
+    st.extra["node"] = info = _Node(0, p, ppn)
+    if info.nodes > 1 and knobs.get("cross") is None:
+        choice = hierarchical.cross_choice(st, n, itemsize, dt, reduction,
+                                           knobs.get("chunk_bytes", shm.CHUNK_BYTES))
+        if choice.name == "mpi":
+            raise Unsimulable(f"hierarchical across {info.nodes} nodes: auto's cross-node algorithm here is "
+                              "MPI_Allreduce (the library's own call); give cross=ring, rabenseifner, ... to "
+                              "simulate one of mpicoll's")
+        knobs["cross"] = choice.name
+    return knobs
 
 
 def _simulate(plat, alg, collective, p, ppn, n, storage, dt, reduction, knobs):
@@ -355,8 +524,16 @@ def _simulate(plat, alg, collective, p, ppn, n, storage, dt, reduction, knobs):
     spb = 1.0 / plat.reduce_Bps
     args = _schedule_args(collective, p, n, storage,
                           lambda rank: _TimedReduction(sg, reduction, dt, r.stats[rank], spb))
+    shared = alg.name in SHARED_MEMORY
+    barriers = [sg.Barrier(len(ranks)) for ranks in _Node(0, p, ppn).node_ranks] if shared else None
     for rank in range(p):
-        ctx = _Context(counting._SimComm(rank, p), 0, {}, (collective, alg.name, n, 0))
+        st = counting._SimComm(rank, p)
+        if shared:  # what node.node_info and shmwindow.window would make (collectively, under MPI)
+            from .shmwindow import _key, SYNC
+
+            st.extra["node"] = info = _Node(rank, p, ppn)
+            st.extra[_key(SYNC)] = _Window(r, barriers[info.node], info.local_size)
+        ctx = _Context(st, 0, {}, (collective, alg.name, n, 0))
         ctx.run, ctx.stats = r, r.stats[rank]
         gen = alg.schedule(ctx, *args(rank), **knobs)
         sg.Actor.create(f"rank{rank}", hosts[rank // ppn], r.actor, rank, gen)
@@ -526,8 +703,9 @@ def summarize(rows: List[dict], plat: Platform, ppn: int, native: Dict[tuple, fl
     """Per (p, size): the best simulated algorithm, the native figures, and
     auto's choice with its regret (auto's time / best - 1). The MPI
     library's own collective (``mpi``) is priced by ``native_priced`` from
-    SMPI's MPICH selector; an algorithm neither driver runs (shm,
-    hierarchical) leaves auto's time unknown."""
+    SMPI's MPICH selector; hierarchical is priced when the study ran it
+    plain (its cross algorithm decided as auto decides it) and that
+    cross is one of mpicoll's, otherwise auto's time is unknown."""
     out = []
     keys = sorted({(r["p"], r["bytes"]) for r in rows})
     for p, n in keys:
@@ -615,9 +793,9 @@ def main(argv=None) -> int:
     ap.add_argument("--ppn", type=int, default=8, help="ranks per node (rank r on node r // ppn)")
     ap.add_argument("--sizes", default="8:64M", help="comma list (8,4K,16M) or range MIN:MAX[:FACTOR]")
     ap.add_argument("--collective", default="allreduce", choices=COLLECTIVES)
-    ap.add_argument("--algorithms", help="comma list, each NAME or NAME:knob=value;... (knomial:radix=8); "
-                         "default: every registered one the driver can run, less hetero_ring (without weights "
-                         "it is the ring)")
+    ap.add_argument("--algorithms", help="comma list, each NAME or NAME:knob=value;... (knomial:radix=8, "
+                         "hierarchical:cross=ring); default: every registered one the driver can run, less "
+                         "hetero_ring (without weights it is the ring) and shm (hierarchical is shm on one node)")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--op", default="sum")
     ap.add_argument("--native", nargs="*", help="SMPI anchor results (sim/run_anchor.py --json) to show beside")
@@ -634,7 +812,7 @@ def main(argv=None) -> int:
     ps = [int(x) for x in a.p.split(",") if x.strip()]
     sizes = parse_sizes(a.sizes)
     algorithms = a.algorithms.split(",") if a.algorithms else \
-        [x for x in names(a.collective)[1:] if x not in ("mpi", "shm", "hierarchical", "hetero_ring")]
+        [x for x in names(a.collective)[1:] if x not in ("mpi", "shm", "hetero_ring")]
     t0 = time.perf_counter()
     rows = study(plat, a.collective, algorithms, ps, a.ppn, sizes, dtype=a.dtype, op=a.op,
                  max_messages=a.max_messages, jobs=a.jobs, log=None if a.quiet else sys.stderr)

@@ -95,3 +95,24 @@ def test_hierarchical_cross_choice_follows_the_cross_profile_but_never_recurses(
     assert choice(other) == other  # the profile decides
     for node_level in ("shm", "hierarchical", "cascade"):
         assert choice(node_level) == default  # passed over: the defaults decide
+
+
+def test_hierarchical_cross_choice_asks_for_one_rank_on_each_node(monkeypatch):
+    """The cross communicator holds one rank of each node: its all-reduce is
+    chosen by the across-nodes rules (Rabenseifner on 8 nodes from 1 MiB
+    slices), not by the one-node rules, which kept MPI_Allreduce there
+    (blocks under 512 KiB)."""
+    from types import SimpleNamespace
+
+    from mpicoll import dtypes, ops
+    from mpicoll.algorithms import hierarchical
+
+    cross = SimpleNamespace(size=8, profile=None)
+    info = SimpleNamespace(cross_state=lambda: cross, local_size=8, uniform=True)
+    monkeypatch.setattr(hierarchical, "node_info", lambda st: info)
+    f32, add = dtypes.BY_NAME["float32"], ops.resolve("sum")
+    # 16 MiB in two chunks of 8 MiB: slices of 1 MiB per rank
+    assert hierarchical.cross_choice(None, (16 << 20) // 4, 4, f32, add).name == "rabenseifner"
+    assert select.allreduce(8, 1 << 20, "sum", "float32").name == "mpi"  # what the one-node rules say
+    # 1 MiB: slices of 128 KiB, the native call
+    assert hierarchical.cross_choice(None, (1 << 20) // 4, 4, f32, add).name == "mpi"

@@ -134,6 +134,48 @@ def test_unsimulable_and_bad_input():
             simulate.run(CLUSTER, args["collective"], "ring", 8, args["nbytes"], **kw)
 
 
+def test_shm_on_one_node_costs_its_copies_syncs_and_reduction():
+    # shm's pipeline, unchanged, on 4 ranks of one node (8 cores: no
+    # sharing): one chunk, so per rank exactly the call cost, 2 syncs, the
+    # copy-in of the 3 slices others reduce, the 4-input reduction of its
+    # own slice (3 slices combined) and the copy-out of the whole vector.
+    # No network message. A driver that dropped a copy, a sync or the
+    # reduction's price would miss by at least 40 us here.
+    plat = simulate.load_platform(HERE)
+    n = 1 << 20
+    r = simulate.run(plat, "allreduce", "shm", 4, n, ppn=4)
+    want = (plat.call_overhead_s + 2 * plat.sync_s + (3 * n // 4 + n) / plat.copy_Bps
+            + (3 * n // 4) / plat.reduce_Bps)
+    assert r.time_s == pytest.approx(want, rel=1e-6), (r.time_s, want)
+    assert all(s.messages == 0 and s.bytes_reduced == 3 * n // 4 for s in r.stats)
+
+
+def test_hierarchical_sends_only_its_cross_messages():
+    # 2 nodes x 8 ranks, 16 MiB: two chunks of 8 MiB, each rank's slice 1 MiB
+    # all-reduced with its partner on the other node (cross=ring at p=2:
+    # one message each way per half).
+    n = 16 << 20
+    ring = simulate.run(CLUSTER, "allreduce", "hierarchical", 16, n, ppn=8, knobs={"cross": "ring"})
+    assert [s.messages for s in ring.stats] == [4] * 16
+    assert [s.bytes_sent for s in ring.stats] == [2 << 20] * 16
+    # Default cross on 4 nodes: auto's for one rank on each of 4 nodes and
+    # 1 MiB slices (Rabenseifner, select._across_nodes), not the one-node
+    # rules (which said MPI_Allreduce: unsimulable).
+    auto = simulate.run(CLUSTER, "allreduce", "hierarchical", 32, n, ppn=8)
+    forced = simulate.run(CLUSTER, "allreduce", "hierarchical", 32, n, ppn=8, knobs={"cross": "rabenseifner"})
+    assert auto.time_s == forced.time_s and [s.messages for s in auto.stats] == [s.messages for s in forced.stats]
+    # shm on several nodes runs as hierarchical, as under MPI
+    assert simulate.run(CLUSTER, "allreduce", "shm", 16, n, ppn=8, knobs={"cross": "ring"}).time_s == ring.time_s
+    # uneven nodes (8 + 4): the leaders carry whole chunks across
+    uneven = simulate.run(CLUSTER, "allreduce", "hierarchical", 12, 1 << 20, ppn=8, knobs={"cross": "ring"})
+    assert [s.messages > 0 for s in uneven.stats] == [r % 8 == 0 for r in range(12)]
+    # what stays unsimulated says so
+    with pytest.raises(simulate.Unsimulable, match="MPI_Allreduce"):
+        simulate.run(CLUSTER, "allreduce", "hierarchical", 16, 1 << 16, ppn=8)
+    with pytest.raises(simulate.Unsimulable, match="sync"):
+        simulate.run(CLUSTER, "allreduce", "shm", 4, 1 << 16, ppn=4, knobs={"sync": "barrier"})
+
+
 def test_a_size_mismatch_is_reported():
     # Rank 1 expects 8 bytes, rank 0 sends 4: MismatchError as in the other drivers.
     from mpicoll.errors import MismatchError
@@ -168,18 +210,25 @@ def _mismatch():
 def test_summary_regret_and_profile(tmp_path):
     # No simulation: rows as the study writes them. At p=64, 1 MiB the ring
     # is best; auto (no profile, 8 per node on 8 nodes) picks hierarchical,
-    # which neither driver prices: regret unknown. At 8 B auto picks the
-    # native call, priced from the SMPI figure plus reductions and call cost.
+    # not in these rows: regret unknown. At p=256, 1 MiB (4 KiB blocks) it
+    # picks hierarchical, priced from its plain row (its cross decided as
+    # auto decides it). At 8 B auto picks the native call, priced from the
+    # SMPI figure plus reductions and call cost.
     from mpicoll import profile
 
     plat = simulate.load_platform(CLUSTER)
     rows = [{"algorithm": a, "p": 64, "bytes": n, "time_s": t}
             for a, n, t in (("ring", 1 << 20, 1e-3), ("tree", 1 << 20, 3e-3), ("ring", 8, 2e-4), ("tree", 8, 1e-4),
                             ("knomial:radix=8", 1 << 20, 5e-4))]  # a knob variant: best, but no profile rule
+    rows += [{"algorithm": a, "p": 256, "bytes": 1 << 20, "time_s": t}
+             for a, t in (("hierarchical", 2e-3), ("ring", 1e-3))]
     native = {("mpich", "allreduce", 64, 8): 5e-6}
-    s = {x["bytes"]: x for x in simulate.summarize(rows, plat, 8, native)}
+    summary = simulate.summarize(rows, plat, 8, native)
+    s = {x["bytes"]: x for x in summary if x["p"] == 64}
     assert s[1 << 20]["best"] == "knomial:radix=8" and s[1 << 20]["auto"] == "hierarchical" \
         and s[1 << 20]["regret"] is None
+    h = [x for x in summary if x["p"] == 256][0]
+    assert h["auto"] == "hierarchical" and h["regret"] == pytest.approx(1.0), h
     mpi = simulate.native_priced(plat, 5e-6, 64, 8)
     assert mpi > 5e-6 and s[8]["best"] == "mpi" and s[8]["auto"] == "mpi" and s[8]["regret"] == 0
     prof = simulate.profile_from(list(s.values()), plat, 8)

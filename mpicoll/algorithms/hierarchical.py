@@ -27,9 +27,10 @@ Description:  Runs the ``shm`` pipeline (see shm.py) chunk by chunk; between
               algorithm's name), run in place on the window. Left None,
               ``prepare`` decides it at call time, once per call: auto's
               choice for the cross communicator and one chunk's slice
-              (``select.allreduce`` with one rank per node and that
-              communicator's tuning profile; never a node-level
-              algorithm: native MPI_Allreduce for MPI dtypes by default,
+              (``select.allreduce`` with one rank on each of the cross
+              communicator's nodes and its tuning profile; never a node-level
+              algorithm: for MPI dtypes MPI_Allreduce below 1 MiB slices,
+              Rabenseifner or the ring from there (select._across_nodes);
               ring/Rabenseifner/recursive doubling for float16/bfloat16).
               ``explain()`` shows it.
 Cost:         Intra-node as in shm.py (no network). Across nodes, per rank
@@ -80,9 +81,13 @@ def cross_choice(st, n: int, itemsize: int, dtype, op, chunk_bytes: int = shm.CH
     Collective on the first call (the node and cross communicators)."""
     info = node_info(st)
     cst = info.cross_state()
+    # The cross communicator holds one rank of each node (by its split), so
+    # it is asked as one rank on each of cst.size nodes: select's rules for
+    # one node (the ring from 512 KiB blocks, shm's measured thresholds)
+    # describe shared memory, not these links.
     return select.allreduce(cst.size, slice_bytes(info, n, itemsize, chunk_bytes), op.name, dtype.name,
                             native_dtype=reduces_natively(dtype, op), profile=cst.profile,
-                            available=shm.cross_available)
+                            available=shm.cross_available, ranks_per_node=1, nodes=cst.size)
 
 
 def _cross_allreduce(ctx, info, view, red, cross):
@@ -133,9 +138,9 @@ def allreduce(ctx, buf, red, src=None, *, chunk_bytes=shm.CHUNK_BYTES, sync=None
                 m = bounds[-1][1]
                 tmp = ctx.scratch("hierarchical", m, buf.dtype)
                 for q, (qa, qb) in enumerate(bounds):
-                    tmp[qa:qb] = peers[q][qa:qb]
+                    ctx.copy(tmp[qa:qb], peers[q][qa:qb])
                 yield from _cross_allreduce(ctx, info, tmp, red, cross)
                 for q, (qa, qb) in enumerate(bounds):
-                    peers[q][qa:qb] = tmp[qa:qb]
+                    ctx.copy(peers[q][qa:qb], tmp[qa:qb])
 
     yield from shm.pipeline(ctx, info, buf, red, src, chunk_bytes, between, sync=sync)

@@ -194,8 +194,11 @@ def pipeline(ctx, info, buf, red, src, chunk_bytes, between=None, sync=None):
             # must not land in the slot a slower rank is still copying out of.
             peers = slots[w.turn]
             mine = peers[me]
-            mine[:a] = own[c0:c0 + a]  # my own slice stays private: only I read it
-            mine[b:m] = own[c0 + b:c0 + m]
+            # Copies through ctx.copy: the SimGrid driver prices them (memory
+            # bandwidth), the MPI drivers copy.
+            copy = ctx.copy
+            copy(mine[:a], own[c0:c0 + a])  # my own slice stays private: only I read it
+            copy(mine[b:m], own[c0 + b:c0 + m])
             if sig is not None:
                 w.publish(sig)
             yield [w.sync_op(ctx)]
@@ -213,7 +216,7 @@ def pipeline(ctx, info, buf, red, src, chunk_bytes, between=None, sync=None):
             if w.sync_mode != "flags":
                 w.win.Sync()
             for q, (qa, qb) in enumerate(bounds):
-                buf[c0 + qa:c0 + qb] = peers[q][qa:qb]
+                copy(buf[c0 + qa:c0 + qb], peers[q][qa:qb])
     finally:
         queue.remove(ticket)
 
