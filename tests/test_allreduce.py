@@ -8,7 +8,8 @@ import pytest
 from mpi4py import MPI
 
 import mpicoll
-from conftest import ALL_DTYPES, assert_identical_everywhere, exact_values, np_dtype, ops_for, reference
+from conftest import (ALL_DTYPES, IdenticalEverywhere, assert_identical_everywhere, exact_values, np_dtype, ops_for,
+                      reference)
 from mpicoll import dtypes as _dtypes
 
 pytestmark = pytest.mark.mpi
@@ -25,6 +26,24 @@ def make_input(name, op, n, rank, seed=0):
     return exact_values(name, op, n, seed * 1000 + rank)
 
 
+_EXACT_CASES = {}
+
+
+def exact_case(name, op, n, p):
+    """(every rank's input, the reference) for one case of
+    test_allreduce_exact: the same for every algorithm, so built once
+    (every rank builds all p inputs: at 8 ranks on 2 cores that cost ~5 s
+    over the algorithms), and read-only."""
+    key = (name, op, n, p)
+    if key not in _EXACT_CASES:
+        inputs = [make_input(name, op, n, r) for r in range(p)]
+        want = reference(inputs, op, p)
+        for a in (*inputs, want):
+            a.flags.writeable = False
+        _EXACT_CASES[key] = inputs, want
+    return _EXACT_CASES[key]
+
+
 def communicators():
     world = MPI.COMM_WORLD
     split = world.Split(world.rank % 2, -world.rank)  # reversed rank order within each half
@@ -37,10 +56,10 @@ def test_allreduce_exact(algorithm, name):
     comm = MPI.COMM_WORLD
     p, rank = comm.size, comm.rank
     counts = counts_for(p) if name in ("float32", "int32", "float16") else [0, 1, p + 1, 1000]
+    same = IdenticalEverywhere(comm)  # every case's bits, compared across ranks in one call at the end
     for op in ops_for(name):
         for n in counts:
-            inputs = [make_input(name, op, n, r) for r in range(p)]
-            want = reference(inputs, op, p)
+            inputs, want = exact_case(name, op, n, p)
             for in_place in (False, True):
                 x = inputs[rank].copy()
                 if in_place:
@@ -50,9 +69,10 @@ def test_allreduce_exact(algorithm, name):
                     got = mpicoll.allreduce(x, op=op, comm=comm, algorithm=algorithm)
                     np.testing.assert_array_equal(x, inputs[rank])  # input untouched
                 assert got.dtype == want.dtype and got.shape == want.shape
-                np.testing.assert_array_equal(got.astype(np.float64), want.astype(np.float64),
-                                              err_msg=f"{algorithm} {op} {name} n={n} in_place={in_place}")
-                assert_identical_everywhere(comm, got)
+                what = f"{algorithm} {op} {name} n={n} in_place={in_place}"
+                np.testing.assert_array_equal(got.astype(np.float64), want.astype(np.float64), err_msg=what)
+                same.add(got, what=what)
+    same.check()
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)

@@ -9,7 +9,7 @@ import pytest
 from mpi4py import MPI
 
 import mpicoll
-from conftest import assert_identical_everywhere, exact_values, reference
+from conftest import IdenticalEverywhere, assert_identical_everywhere, exact_values, reference
 from mpicoll import engine
 
 pytestmark = pytest.mark.mpi
@@ -35,6 +35,7 @@ def counts_for(p):
 def test_iallreduce_exact(algorithm):
     comm = MPI.COMM_WORLD
     p, rank = comm.size, comm.rank
+    same = IdenticalEverywhere(comm)
     for name, op in (("float32", "sum"), ("int64", "bxor"), ("float16", "max"), ("float64", "avg"),
                      ("bfloat16", "sum")):
         for n in counts_for(p) if name == "float32" else (0, p + 1, 5000):
@@ -45,10 +46,11 @@ def test_iallreduce_exact(algorithm):
             np.testing.assert_array_equal(got.astype(np.float64), want.astype(np.float64),
                                           err_msg=f"{algorithm} {op} {name} n={n}")
             np.testing.assert_array_equal(x, inputs[rank])  # input untouched
-            assert_identical_everywhere(comm, got)
+            same.add(got, what=f"{algorithm} {op} {name} n={n}")
             req = mpicoll.iallreduce(x, op=op, out=x, algorithm=algorithm)  # in place
             assert req.wait() is x
             np.testing.assert_array_equal(x.astype(np.float64), want.astype(np.float64))
+    same.check()
 
 
 @pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling"])

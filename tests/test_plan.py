@@ -17,7 +17,7 @@ from mpi4py import MPI
 import mpicoll
 from mpicoll import profile
 
-from conftest import assert_identical_everywhere, exact_values, reference
+from conftest import IdenticalEverywhere, assert_identical_everywhere, exact_values, reference
 
 ALGS = mpicoll.algorithms("allreduce")[1:]
 
@@ -139,6 +139,7 @@ def test_bad_environment_raises_alike(monkeypatch):
 def test_every_algorithm_blocking_nonblocking_persistent(algorithm):
     comm = MPI.COMM_WORLD
     p, rank = comm.size, comm.rank
+    same = IdenticalEverywhere(comm)
     for name, op in (("float32", "sum"), ("int32", "bxor"), ("float16", "max"), ("float64", "avg")):
         for n in (0, 1, p - 1, p + 1, 1001):
             inputs = [exact_values(name, "sum" if op == "avg" else op, n, 7 * r + n) for r in range(p)]
@@ -155,7 +156,8 @@ def test_every_algorithm_blocking_nonblocking_persistent(algorithm):
             req.free()
             for g in got:
                 np.testing.assert_array_equal(g.astype(np.float64), want, err_msg=f"{algorithm} {name} {op} n={n}")
-            assert_identical_everywhere(comm, *got, what=f"{algorithm} {name} {op} n={n}")
+            same.add(*got, what=f"{algorithm} {name} {op} n={n}")
+    same.check()
 
 
 @pytest.mark.mpi
@@ -310,6 +312,19 @@ def test_identical_bits_helper_can_fail():
             assert_identical_everywhere(comm, np.arange(5.0) + (comm.rank == 1))
         with pytest.raises(AssertionError):  # a differing sign bit of zero counts
             assert_identical_everywhere(comm, np.array([0.0 if comm.rank != 1 else -0.0]))
+    # The batched form (one allgather for a loop of cases) fails as well, on
+    # every rank, and names the case whose bits differ.
+    same = IdenticalEverywhere(comm)
+    same.add(np.arange(5.0), np.zeros(2), what="a")
+    same.add(np.ones(3), what="b")
+    same.check()
+    if comm.size > 1:
+        for bits in (np.arange(3.0) + (comm.rank == 1), np.array([0.0 if comm.rank != 1 else -0.0])):
+            same.add(np.ones(3), what="first")
+            same.add(bits, what="second")
+            same.add(np.zeros(1), what="third")
+            with pytest.raises(AssertionError, match=r"ranks \[1.*: second"):
+                same.check()
 
 
 def test_ranks_with_different_settings_raise_together(tmp_path):

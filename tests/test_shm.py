@@ -13,7 +13,7 @@ import pytest
 from mpi4py import MPI
 
 import mpicoll
-from conftest import assert_identical_everywhere, exact_values, np_dtype, reference
+from conftest import IdenticalEverywhere, assert_identical_everywhere, exact_values, np_dtype, reference
 from mpicoll import dtypes, ops
 from mpicoll import shmwindow
 from mpicoll.algorithms import get, shm
@@ -48,6 +48,7 @@ def test_fake_layout_is_seen(fake_comm):
 def test_multinode_layouts(fake_comm, algorithm):
     comm = fake_comm
     p, rank = comm.size, comm.rank
+    same = IdenticalEverywhere(comm)
     for name, op in (("float32", "sum"), ("float16", "sum"), ("int32", "prod"), ("float64", "max")):
         for n in ((0, 1, p + 1, 1000, 70001) if name == "float32" else (p + 1, 1000)):
             inputs = [exact_values(name, op, n, 500 + r) for r in range(p)]
@@ -55,9 +56,10 @@ def test_multinode_layouts(fake_comm, algorithm):
             for in_place in (False, True):
                 x = inputs[rank].copy()
                 got = mpicoll.allreduce(x, op=op, comm=comm, algorithm=algorithm, out=x if in_place else None)
-                np.testing.assert_array_equal(got.astype(np.float64), want.astype(np.float64),
-                                              err_msg=f"{algorithm} {op} {name} n={n}")
-                assert_identical_everywhere(comm, got)
+                what = f"{algorithm} {op} {name} n={n} in_place={in_place}"
+                np.testing.assert_array_equal(got.astype(np.float64), want.astype(np.float64), err_msg=what)
+                same.add(got, what=what)
+    same.check()
     # several chunks per call, through the whole pipeline (small chunks)
     st = state(comm)
     x = exact_values("float32", "sum", 30001, 9 + rank)
