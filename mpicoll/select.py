@@ -66,11 +66,14 @@ def _registered(name: str) -> bool:
 @functools.lru_cache(maxsize=4096)
 def allreduce(p: int, nbytes: int, op: str, dtype: str, *, native_dtype: bool = True,
               profile=None, available=None, ranks_per_node: int = 1, nodes: int = 1,
-              link_weights: Optional[tuple] = None) -> Choice:
+              link_weights: Optional[tuple] = None, concurrent: int = 1) -> Choice:
     """The all-reduce algorithm for ``p`` ranks and an ``nbytes`` message.
 
     ``ranks_per_node`` (the largest node) and ``nodes`` describe the layout
     (``mpicoll.node``); the defaults mean "one rank per node".
+    ``concurrent``: how many all-reduces of this size share each node's
+    link at once (hierarchical's cross communicators: one per local rank);
+    1 for an ordinary call.
     ``link_weights``: hetero_ring's weights for this communicator's ring
     (a tuple of p numbers, the same on every rank: measured by its
     ``weights="measure"`` or declared by the user), or None when the links
@@ -91,24 +94,31 @@ def allreduce(p: int, nbytes: int, op: str, dtype: str, *, native_dtype: bool = 
     uneven = _uneven_links(p, nbytes, link_weights, available)
     if uneven is not None:
         return uneven
-    shared = _shared_memory_rule(nbytes, ranks_per_node, nodes, native_dtype)
+    shared = _shared_memory_rule(p, nbytes, ranks_per_node, nodes, native_dtype, available)
     if shared is not None and available(shared.name):
         return shared
-    return _default(p, nbytes, dtype, native_dtype, available, ranks_per_node, nodes)
+    return _default(p, nbytes, dtype, native_dtype, available, ranks_per_node, nodes, concurrent)
 
 
-def _default(p, nbytes, dtype, native_dtype, available, ranks_per_node=1, nodes=1) -> Choice:
+def _default(p, nbytes, dtype, native_dtype, available, ranks_per_node=1, nodes=1, concurrent=1) -> Choice:
     """The fixed decision (no profile, or no profile entry for this case)."""
     if native_dtype:
+        if nodes > 1 and ranks_per_node == 1:
+            # One rank per node: the simulated rules below, before the ring
+            # rule measured on one node (whose 512 KiB blocks cost up to 16 %
+            # against Rabenseifner on the fat tree, p = 32..128).
+            across = _across_nodes(p, nbytes, ranks_per_node, nodes, available, concurrent)
+            if across is not None:
+                return across
         if nbytes >= RING_MIN_BYTES and nbytes >= RING_MIN_BLOCK_BYTES * p and available("ring"):
             return Choice("ring", f"default: long message ({nbytes} B >= {RING_MIN_BYTES} B, blocks of >= "
                                   f"{RING_MIN_BLOCK_BYTES} B per rank): the pipelined ring overlaps reduction "
                                   "and transfer and beat MPI_Allreduce in the measurements")
         if nodes > 1:
-            across = _across_nodes(p, nbytes, ranks_per_node, nodes, available)
+            across = _across_nodes(p, nbytes, ranks_per_node, nodes, available, concurrent)
             if across is not None:
                 return across
-        ours = ACROSS_NODES_MIN_BYTES if nodes > 1 else max(RING_MIN_BYTES, RING_MIN_BLOCK_BYTES * p)
+        ours = _across_min_bytes(concurrent) if nodes > 1 else max(RING_MIN_BYTES, RING_MIN_BLOCK_BYTES * p)
         return Choice("mpi", f"default: {dtype} is native to MPI and the message is short for p={p} "
                              f"(ours from {ours} B): MPI_Allreduce has the least per-call overhead")
     if nbytes <= SMALL_MESSAGE_BYTES and available("recursive_doubling"):
@@ -125,14 +135,17 @@ def _default(p, nbytes, dtype, native_dtype, available, ranks_per_node=1, nodes=
 
 
 # ---- across nodes, native dtypes: from the SimGrid study --------------------------
-# Where the measured ring rule above has not decided (blocks < 512 KiB).
+# With one rank per node, before the ring rule measured on one node; with
+# several, where that rule has not decided (blocks < 512 KiB) and neither
+# has the shared-memory one (the cascade or hierarchical, above).
 # Simulated (SimGrid, docs/scale.md "auto at scale": a 100 Gbit/s fat tree
 # and 1 Gbit/s copies of this machine, p = 4..256, MPICH's own call priced
 # by SMPI plus its reductions). From 1 MiB mpicoll's algorithms beat or tied
 # MPI_Allreduce in every simulated cell across nodes, and which one wins
 # depends on whether ranks share a node's link:
 # * one rank per node: Rabenseifner on powers of two (1.0-3.5x faster than
-#   MPICH's call, up to 5x the ring at 1 MiB: log2 p steps against 2(p-1)); otherwise
+#   MPICH's call, up to 5x the ring at 1 MiB: log2 p steps against 2(p-1)),
+#   the ring there from 4 MiB blocks (below); otherwise
 #   the ring while its blocks are long (its 2(p-1) steps, unfolded, beat
 #   Rabenseifner's fold, which sends the whole vector twice more), and
 #   Rabenseifner once blocks are short (1 MiB at p = 48 and 96);
@@ -147,15 +160,40 @@ def _default(p, nbytes, dtype, native_dtype, available, ranks_per_node=1, nodes=
 #   slower than MPICH's call; 4 KiB at p = 256 still won).
 ACROSS_NODES_MIN_BYTES = 1 << 20
 ACROSS_NODES_RING_MIN_BLOCK_BYTES = 64 << 10
+# On powers of two the ring only from blocks this long: below, Rabenseifner
+# was up to 16 % faster on the fat tree (p = 2..128, 1-128 MiB, docs/scale.md
+# "One rank per node, powers of two, long messages"; within 2 % either way
+# on 1 Gbit/s); from 4 MiB blocks the ring, by 7-21 % (p = 2 from 8 MiB,
+# p = 4 from 16 MiB, p = 8 from 32 MiB, p = 16 from 64 MiB, p = 32 at
+# 128 MiB).
+ACROSS_NODES_POF2_RING_MIN_BLOCK_BYTES = 4 << 20
 CASCADE_MIN_BLOCK_BYTES = 4 << 10
 
 
-def _across_nodes(p, nbytes, ranks_per_node, nodes, available) -> Optional[Choice]:
-    if nbytes < ACROSS_NODES_MIN_BYTES:
+# Several all-reduces at once through each node's link (hierarchical's
+# cross step, one per local rank) favour mpicoll's algorithms from shorter
+# messages than one alone: simulated, hierarchical's cross step at 8 per node
+# on 16-64 nodes (sim/anchor.c's cross_allreduce, docs/scale.md
+# "hierarchical, simulated"): with 128 KiB and 512 KiB slices Rabenseifner
+# took 0.42-0.70x the time of MPICH's call on the fat tree, 0.33-0.49x on
+# 1 Gbit/s, where one all-reduce alone of 128-256 KiB was 1.1-1.6x faster
+# through MPICH's call on the fat tree. No smaller slice was simulated: the
+# cross slices of auto's hierarchical (from 1 MiB at 8 per node) start here.
+CONCURRENT_ACROSS_NODES_MIN_BYTES = 128 << 10
+
+
+def _across_min_bytes(concurrent: int) -> int:
+    return ACROSS_NODES_MIN_BYTES if concurrent <= 1 else CONCURRENT_ACROSS_NODES_MIN_BYTES
+
+
+def _across_nodes(p, nbytes, ranks_per_node, nodes, available, concurrent=1) -> Optional[Choice]:
+    least = _across_min_bytes(concurrent)
+    if nbytes < least:
         return None
     spread = (f"{nodes} nodes of up to {ranks_per_node} ranks" if ranks_per_node > 1
               else f"one rank on each of {nodes} nodes")
-    where = f"{spread} and >= {ACROSS_NODES_MIN_BYTES} B (simulated)"
+    shared = f", {concurrent} all-reduces at once per node" if concurrent > 1 else ""
+    where = f"{spread}{shared} and >= {least} B (simulated)"
     if ranks_per_node > 1:
         if nbytes >= CASCADE_MIN_BLOCK_BYTES * p and available("cascade"):
             return Choice("cascade", f"default: {where}, blocks of >= {CASCADE_MIN_BLOCK_BYTES} B, no "
@@ -166,6 +204,9 @@ def _across_nodes(p, nbytes, ranks_per_node, nodes, available) -> Optional[Choic
     if not pof2 and nbytes >= ACROSS_NODES_RING_MIN_BLOCK_BYTES * p and available("ring"):
         return Choice("ring", f"default: {where}, p={p} not a power of two and blocks of >= "
                               f"{ACROSS_NODES_RING_MIN_BLOCK_BYTES} B: the ring has no fold-in")
+    if pof2 and nbytes >= ACROSS_NODES_POF2_RING_MIN_BLOCK_BYTES * p and available("ring"):
+        return Choice("ring", f"default: {where}, blocks of >= {ACROSS_NODES_POF2_RING_MIN_BLOCK_BYTES} B: the "
+                              "ring's pipelined reductions outweigh its 2(p-1) steps")
     if available("rabenseifner"):
         return Choice("rabenseifner", f"default: {where}: halving/doubling moves "
                                       f"2(p-1)/p n bytes in {2 * (p.bit_length() - 1)} steps"
@@ -285,9 +326,24 @@ SHM_MAX_BLOCK_BYTES = 4 << 20
 # Rabenseifner 1.06 at 64 KiB, 2.27 vs 4.36/4.37 at 256 KiB, 4.76 vs
 # 8.99/12.75 at 512 KiB; at 16 KiB a tie (0.40 vs 0.36).
 HIERARCHICAL_MIN_BYTES_NOT_NATIVE = 64 << 10
+# ... and for MPI dtypes, the cascade instead of hierarchical once each
+# rank's block n/p is at least this long. Simulated with shm's pipeline
+# priced (docs/scale.md, "hierarchical, simulated": p = 32..512, 8 per
+# node, 1-16 MiB, both platforms; hierarchical with Rabenseifner across,
+# the cascade): on the fat tree the cascade was 1.3-1.8x faster from 16 KiB
+# blocks, 1.04-1.11x at 8 KiB (shm's copies in and out of the window,
+# serial with its reduction, cost more than the cascade's pipelined
+# intra-node ring); on 1 Gbit/s links the two were within 3 % from 16 KiB
+# (once 6 %), hierarchical 1.11-1.15x faster at 8 KiB and 1.3-1.6x at 2-4
+# KiB (the cascade's cross ring has 2(N-1) steps; on the fat tree too,
+# 1.2-1.8x). 16 KiB: the smaller worst case of the two platforms (11 %
+# against 15 % at 8 KiB). On the namespace test bed (3 hosts x 2 ranks, 1 Gbit/s,
+# docs/algorithms.md) the cascade measured 0.80x hierarchical's time at
+# 1 MiB and the same at 4-16 MiB.
+CASCADE_OVER_HIERARCHICAL_MIN_BLOCK_BYTES = 16 << 10
 
 
-def _shared_memory_rule(nbytes: int, ranks_per_node: int, nodes: int, native_dtype: bool = True):
+def _shared_memory_rule(p: int, nbytes: int, ranks_per_node: int, nodes: int, native_dtype: bool, available):
     if ranks_per_node < 2:
         return None
     if nodes == 1 and nbytes >= SHM_MIN_BYTES and ranks_per_node < SHM_MIN_RANKS_PER_NODE:
@@ -300,6 +356,12 @@ def _shared_memory_rule(nbytes: int, ranks_per_node: int, nodes: int, native_dty
         return Choice("shm", f"{ranks_per_node} ranks on one node and >= {SHM_MIN_BYTES} B: "
                              "reduce through a shared-memory window, one pass per slice")
     least = HIERARCHICAL_MIN_BYTES if native_dtype else HIERARCHICAL_MIN_BYTES_NOT_NATIVE
+    if nodes > 1 and nbytes >= least and native_dtype \
+            and nbytes >= CASCADE_OVER_HIERARCHICAL_MIN_BLOCK_BYTES * p and available("cascade"):
+        return Choice("cascade", f"{nodes} nodes of up to {ranks_per_node} ranks, >= {least} B and blocks of >= "
+                                 f"{CASCADE_OVER_HIERARCHICAL_MIN_BLOCK_BYTES} B (simulated): the cascade, every rank of "
+                                 "a node carrying its shard across nodes, beat hierarchical's copies into a shared "
+                                 "window and out")
     if nodes > 1 and nbytes >= least:
         return Choice("hierarchical", f"{nodes} nodes of up to {ranks_per_node} ranks and >= {least} B"
                                       f"{'' if native_dtype else ' of a dtype MPI cannot reduce'}: shared memory "

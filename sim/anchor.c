@@ -1,7 +1,12 @@
 /* The native anchor: the MPI library's own collectives, timed, for SMPI.
  *
  *   smpicc -O2 -o anchor anchor.c
- *   smpirun -np 64 -platform P.xml -hostfile H --cfg=smpi/coll-selector:mpich ./anchor allreduce,bcast 8,1024
+ *   smpirun -np 64 -platform P.xml -hostfile H --cfg=smpi/coll-selector:mpich ./anchor allreduce,bcast 8,1024 [PPN]
+ *
+ * "cross_allreduce" is hierarchical's step across nodes done by the library:
+ * MPI_Allreduce of the given bytes on each of the PPN communicators of one
+ * rank per node (MPI_Comm_split by rank % PPN, as node.py splits by local
+ * rank), all at once, as hierarchical runs them.
  *
  * For each collective and size (bytes, float32 elements for the reductions,
  * bytes for bcast/allgather), one untimed call and then ITERS timed ones;
@@ -29,7 +34,7 @@
 
 #define ITERS 2
 
-static double run(const char *coll, long nbytes, int p, void *a, void *b)
+static double run(const char *coll, long nbytes, int p, void *a, void *b, MPI_Comm cross)
 {
     int count = (int)(nbytes / 4);
     MPI_Barrier(MPI_COMM_WORLD);
@@ -39,6 +44,8 @@ static double run(const char *coll, long nbytes, int p, void *a, void *b)
             t0 = MPI_Wtime();
         if (!strcmp(coll, "allreduce"))
             MPI_Allreduce(a, b, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        else if (!strcmp(coll, "cross_allreduce"))
+            MPI_Allreduce(a, b, count, MPI_FLOAT, MPI_SUM, cross);
         else if (!strcmp(coll, "bcast"))
             MPI_Bcast(a, (int)nbytes, MPI_BYTE, 0, MPI_COMM_WORLD);
         else if (!strcmp(coll, "reduce_scatter"))  /* nbytes in all: count / p per rank (rounded down) */
@@ -64,12 +71,15 @@ int main(int argc, char **argv)
     int rank, p;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &p);
-    if (argc != 3) {
+    if (argc != 3 && argc != 4) {
         if (rank == 0)
-            fprintf(stderr, "usage: anchor COLLECTIVE[,COLLECTIVE...] BYTES[,BYTES...]\n");
+            fprintf(stderr, "usage: anchor COLLECTIVE[,COLLECTIVE...] BYTES[,BYTES...] [PPN]\n");
         MPI_Finalize();
         return 2;
     }
+    int ppn = argc == 4 ? atoi(argv[3]) : 1;
+    MPI_Comm cross;
+    MPI_Comm_split(MPI_COMM_WORLD, rank % (ppn > 0 ? ppn : 1), rank, &cross);
     long largest = 0;
     for (char *s = argv[2]; s && *s; s = strchr(s, ',') ? strchr(s, ',') + 1 : NULL)
         if (atol(s) > largest)
@@ -81,7 +91,7 @@ int main(int argc, char **argv)
     for (char *coll = strtok(colls, ","); coll; coll = strtok(NULL, ",")) {
         for (char *s = argv[2]; s && *s; s = strchr(s, ',') ? strchr(s, ',') + 1 : NULL) {
             long nbytes = atol(s);
-            double t = run(coll, nbytes, p, a, b);
+            double t = run(coll, nbytes, p, a, b, cross);
             if (rank == 0) {
                 printf("%s %d %ld %.9e\n", coll, p, nbytes, t);
                 fflush(stdout);
@@ -91,6 +101,7 @@ int main(int argc, char **argv)
     /* Every rank done with the shared buffers before any frees them (SMPI
      * reported a deadlock at exit without this barrier). */
     MPI_Barrier(MPI_COMM_WORLD);
+    MPI_Comm_free(&cross);
     FREE(a);
     FREE(b);
     MPI_Finalize();

@@ -9,8 +9,11 @@ of mpicoll's simulated algorithms and MPICH's call (priced as
 best - 1) with select.py at git revision ``--base`` and with the working
 tree's, each twice: with every algorithm available, and without the
 shared-memory ones (shm, hierarchical: what auto runs where MPI gives no
-shared-memory window; neither driver can price them, so with them the
-regret is often unknown). Prints a markdown table.
+shared-memory window). hierarchical is priced from its plain row (its
+cross algorithm decided as the working tree decides it; unknown where
+that is MPI_Allreduce); ``--unpriced-before hierarchical`` leaves the
+"before" column's hierarchical unpriced where its own code changed since
+``--base`` (its cross choice did after e3a6111). Prints a markdown table.
 """
 from __future__ import annotations
 
@@ -30,9 +33,10 @@ from mpicoll.algorithms import has  # noqa: E402
 SHARED = ("shm", "hierarchical")
 
 
-def regrets(summary, ppn, modules):
+def regrets(summary, ppn, modules, unpriced_before=()):
     """Per summary row: [(label, choice, seconds or None, regret or None)]
-    for each (module label, module) and both availabilities."""
+    for each (module label, module) and both availabilities; a "before"
+    choice named in ``unpriced_before`` gets no time."""
     out = []
     for s in summary:
         cand = dict(s["times"])
@@ -47,7 +51,7 @@ def regrets(summary, ppn, modules):
                 nodes = -(-s["p"] // ppn)
                 c = mod.allreduce(s["p"], s["bytes"], "sum", "float32", ranks_per_node=min(ppn, s["p"]),
                                   nodes=nodes, available=avail)
-                t = cand.get(c.name)
+                t = None if label == "before" and c.name in unpriced_before else cand.get(c.name)
                 r = None if t is None or s["best_s"] is None else t / s["best_s"] - 1
                 cells.append((label + ("" if shared else ", no shm window"), c.name, t, r))
         out.append((s, cells))
@@ -66,11 +70,13 @@ def main(argv=None) -> int:
     ap.add_argument("--mpicoll", required=True, nargs="+", help="python -m mpicoll.simulate --json outputs")
     ap.add_argument("--native", nargs="*", default=[], help="sim/run_anchor.py --json outputs (MPICH)")
     ap.add_argument("--base", default="0500051", help="git revision of the 'before' select.py")
+    ap.add_argument("--unpriced-before", nargs="*", default=[],
+                    help="algorithms whose 'before' runs are not the simulated ones (their code changed)")
     a = ap.parse_args(argv)
     rows, ppn = load_rows(a.mpicoll, ap.error)
     plat = simulate.load_platform(a.platform)
     summary = simulate.summarize(rows, plat, ppn, simulate.load_native(a.native))
-    table = regrets(summary, ppn, [("before", load_old(a.base)), ("after", select)])
+    table = regrets(summary, ppn, [("before", load_old(a.base)), ("after", select)], a.unpriced_before)
     heads = [label for label, *_ in table[0][1]] if table else []
     print(f"{os.path.basename(a.platform)}, {ppn} per node; auto's choice and regret (time / best - 1)")
     print("| p | size | best (us) | " + " | ".join(heads) + " |")

@@ -58,7 +58,7 @@ def run_one(exe, platform, p, ppn, selector, collective, sizes, timeout):
         cmd = ["smpirun", "-np", str(p), "-platform", os.path.abspath(platform), "-hostfile", hf, "-no-privatize",
                f"--cfg=smpi/coll-selector:{selector}", "--cfg=smpi/simulate-computation:no",
                "--cfg=network/model:CM02", "--log=root.thresh:critical",
-               exe, collective, ",".join(map(str, sizes))]
+               exe, collective, ",".join(map(str, sizes)), str(ppn)]  # ppn: cross_allreduce's split
         # smpirun's -tmpdir option misparses here; TMPDIR does the same. In
         # tmp also because smpirun leaves its unrolled hostfile in the
         # current directory when a run fails.
@@ -89,7 +89,9 @@ def main(argv=None) -> int:
     ap.add_argument("--large-p-sizes", default=None,
                     help="sizes for p >= --large-p (default: the same as --sizes)")
     ap.add_argument("--large-p", type=int, default=1024)
-    ap.add_argument("--collectives", default="allreduce,bcast,reduce_scatter,allgather")
+    ap.add_argument("--collectives", default="allreduce,bcast,reduce_scatter,allgather",
+                    help="also cross_allreduce: hierarchical's step across nodes (one MPI_Allreduce of the "
+                         "size on each of the --ppn communicators of one rank per node, at once)")
     ap.add_argument("--selector", default="mpich", help="SMPI's coll-selector: mpich, ompi, ...")
     ap.add_argument("--build-dir", default=os.path.join(os.path.dirname(HERE), "build", "sim"))
     ap.add_argument("--timeout", type=int, default=900, help="seconds per smpirun")

@@ -34,8 +34,12 @@ def test_one_node_unchanged(p):
     # ... the ring otherwise while blocks are >= 64 KiB (no fold), Rabenseifner below
     (5, MiB, "ring"), (12, MiB, "ring"), (48, 16 * MiB, "ring"), (96, 16 * MiB, "ring"),
     (96, MiB, "rabenseifner"), (48, 48 * (64 << 10) - 4, "rabenseifner"), (48, 48 * (64 << 10), "ring"),
-    # the measured rule comes first: blocks of >= 512 KiB keep the ring
-    (4, 2 * MiB, "ring"), (2, MiB, "ring"), (32, 16 * MiB, "ring"),
+    # ... before the ring rule measured on one node (blocks of >= 512 KiB:
+    # up to 16 % slower than Rabenseifner on the fat tree at p = 32..128) ...
+    (4, 2 * MiB, "rabenseifner"), (2, MiB, "rabenseifner"), (32, 16 * MiB, "rabenseifner"),
+    (128, 64 * MiB, "rabenseifner"),
+    # ... the ring there from 4 MiB blocks (its pipelined reductions win)
+    (4, 16 * MiB, "ring"), (8, 32 * MiB, "ring"), (8, 32 * MiB - 4, "rabenseifner"), (2, 8 * MiB, "ring"),
     # below 1 MiB the native call stays (MPICH won there by 2-6x)
     (64, MiB - 4, "mpi"), (256, 64 << 10, "mpi"), (3, 8, "mpi"),
 ])
@@ -51,9 +55,21 @@ def test_across_nodes_several_per_node(p):
     if p == 1024:
         no = dict(ranks_per_node=8, nodes=128, available=lambda a: a not in ("shm", "hierarchical"))
         assert select.allreduce(p, MiB, "sum", "float32", **no).name == "mpi"
-    # hierarchical where shared memory is available (unchanged) ...
+    # where shared memory is available: the cascade once blocks n/p reach
+    # 16 KiB (simulated with shm priced: 1.3-1.8x faster on the fat tree,
+    # within 3 % on 1 Gbit/s), hierarchical from 1 MiB below that ...
     layout = dict(ranks_per_node=8, nodes=p // 8)
-    assert select.allreduce(p, 16 * MiB, "sum", "float32", **layout).name == "hierarchical"
+    edge = max(MiB, select.CASCADE_OVER_HIERARCHICAL_MIN_BLOCK_BYTES * p)
+    c = select.allreduce(p, edge, "sum", "float32", **layout)
+    assert c.name == "cascade" and "simulated" in c.reason, c
+    assert select.allreduce(p, 16 * MiB, "sum", "float32", **layout).name == "cascade"
+    below = select.allreduce(p, edge - 4, "sum", "float32", **layout).name
+    assert below == ("hierarchical" if edge > MiB else "mpi"), below
+    # not for dtypes MPI cannot reduce (measured on the test bed only for hierarchical)
+    assert select.allreduce(p, 16 * MiB, "sum", "bfloat16", native_dtype=False, **layout).name == "hierarchical"
+    # and hierarchical, not MPI_Allreduce, where the cascade is not there
+    assert select.allreduce(p, 16 * MiB, "sum", "float32", available=lambda a: a != "cascade",
+                            **layout).name == "hierarchical"
 
     # ... and without it, the cascade from 1 MiB (simulated 1.35-2.5x MPICH,
     # 1.2-1.8x the flat ring at 16 MiB): before, MPI_Allreduce

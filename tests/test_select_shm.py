@@ -16,14 +16,16 @@ def _fixed_decision(p, nbytes, native):
 
 def test_layout_defaults_keep_the_old_decision():
     # Compared with the decision itself, not with another call that takes
-    # the same path: one rank per node returns before ``nodes`` is read.
+    # the same path. The defaults mean one rank on one node; one rank on
+    # each of p nodes has its own simulated rules (test_select_scale.py).
     for p in (2, 3, 4, 8):
         for nbytes in (8, 1 << 16, 1 << 24):
             for native in (True, False):
                 want = _fixed_decision(p, nbytes, native)
                 assert select.allreduce(p, nbytes, "sum", "float32", native_dtype=native).name == want, (p, nbytes)
                 assert select.allreduce(p, nbytes, "sum", "float32", native_dtype=native,
-                                        ranks_per_node=1, nodes=p).name == want, (p, nbytes)
+                                        ranks_per_node=1, nodes=1).name == want, (p, nbytes)
+    assert select.allreduce(8, 1 << 24, "sum", "float32", ranks_per_node=1, nodes=8).name == "rabenseifner"
     # and the layout is read when it says something: the comparison above can tell
     assert select.allreduce(8, 1 << 24, "sum", "float32", ranks_per_node=8, nodes=1).name == "shm"
 
@@ -46,10 +48,17 @@ def test_one_node_uses_the_ring_up_to_four_ranks_then_shm_for_long_messages():
     assert select.allreduce(many, big - 1, "sum", "float32", ranks_per_node=many, nodes=1).name != "shm"
 
 
-def test_several_nodes_use_hierarchical_for_long_messages():
+def test_several_nodes_use_hierarchical_or_the_cascade_for_long_messages():
     big = select.HIERARCHICAL_MIN_BYTES
-    assert select.allreduce(4, big, "sum", "float32", ranks_per_node=2, nodes=2).name == "hierarchical"
-    assert select.allreduce(4, big - 1, "sum", "float32", ranks_per_node=2, nodes=2).name != "hierarchical"
+    # 4 ranks, 1 MiB: blocks of 256 KiB, the cascade (select.py:
+    # CASCADE_OVER_HIERARCHICAL_MIN_BLOCK_BYTES); without it, hierarchical
+    assert select.allreduce(4, big, "sum", "float32", ranks_per_node=2, nodes=2).name == "cascade"
+    assert select.allreduce(4, big, "sum", "float32", ranks_per_node=2, nodes=2,
+                            available=lambda a: a != "cascade").name == "hierarchical"
+    assert select.allreduce(4, big - 1, "sum", "float32", ranks_per_node=2, nodes=2).name not in \
+        ("hierarchical", "cascade")
+    # 128 ranks, 1 MiB: blocks of 8 KiB, hierarchical
+    assert select.allreduce(128, big, "sum", "float32", ranks_per_node=8, nodes=16).name == "hierarchical"
     # float16/bfloat16 (no MPI reduction): from 64 KiB, where the flat algorithms
     # would send the whole vector across the nodes
     small = select.HIERARCHICAL_MIN_BYTES_NOT_NATIVE
@@ -99,9 +108,9 @@ def test_hierarchical_cross_choice_follows_the_cross_profile_but_never_recurses(
 
 def test_hierarchical_cross_choice_asks_for_one_rank_on_each_node(monkeypatch):
     """The cross communicator holds one rank of each node: its all-reduce is
-    chosen by the across-nodes rules (Rabenseifner on 8 nodes from 1 MiB
-    slices), not by the one-node rules, which kept MPI_Allreduce there
-    (blocks under 512 KiB)."""
+    chosen by the across-nodes rules, with the node's 8 cross all-reduces
+    sharing its link (Rabenseifner on 8 nodes from 128 KiB slices), not by
+    the one-node rules, which kept MPI_Allreduce there (blocks under 512 KiB)."""
     from types import SimpleNamespace
 
     from mpicoll import dtypes, ops
@@ -114,5 +123,12 @@ def test_hierarchical_cross_choice_asks_for_one_rank_on_each_node(monkeypatch):
     # 16 MiB in two chunks of 8 MiB: slices of 1 MiB per rank
     assert hierarchical.cross_choice(None, (16 << 20) // 4, 4, f32, add).name == "rabenseifner"
     assert select.allreduce(8, 1 << 20, "sum", "float32").name == "mpi"  # what the one-node rules say
-    # 1 MiB: slices of 128 KiB, the native call
-    assert hierarchical.cross_choice(None, (1 << 20) // 4, 4, f32, add).name == "mpi"
+    # 1 MiB: slices of 128 KiB, still Rabenseifner (8 at once per node) ...
+    assert hierarchical.cross_choice(None, (1 << 20) // 4, 4, f32, add).name == "rabenseifner"
+    # ... 512 KiB: slices of 64 KiB, the native call
+    assert hierarchical.cross_choice(None, (512 << 10) // 4, 4, f32, add).name == "mpi"
+    # uneven nodes: the leaders alone cross, with whole chunks: one all-reduce per node link
+    info.uniform = False
+    assert hierarchical.cross_choice(None, (512 << 10) // 4, 4, f32, add).name == "mpi"
+    assert select.allreduce(8, 512 << 10, "sum", "float32", ranks_per_node=1, nodes=8, concurrent=8).name \
+        == "rabenseifner"

@@ -209,7 +209,7 @@ def _mismatch():
 
 def test_summary_regret_and_profile(tmp_path):
     # No simulation: rows as the study writes them. At p=64, 1 MiB the ring
-    # is best; auto (no profile, 8 per node on 8 nodes) picks hierarchical,
+    # is best; auto (no profile, 8 per node on 8 nodes) picks the cascade,
     # not in these rows: regret unknown. At p=256, 1 MiB (4 KiB blocks) it
     # picks hierarchical, priced from its plain row (its cross decided as
     # auto decides it). At 8 B auto picks the native call, priced from the
@@ -225,7 +225,7 @@ def test_summary_regret_and_profile(tmp_path):
     native = {("mpich", "allreduce", 64, 8): 5e-6}
     summary = simulate.summarize(rows, plat, 8, native)
     s = {x["bytes"]: x for x in summary if x["p"] == 64}
-    assert s[1 << 20]["best"] == "knomial:radix=8" and s[1 << 20]["auto"] == "hierarchical" \
+    assert s[1 << 20]["best"] == "knomial:radix=8" and s[1 << 20]["auto"] == "cascade" \
         and s[1 << 20]["regret"] is None
     h = [x for x in summary if x["p"] == 256][0]
     assert h["auto"] == "hierarchical" and h["regret"] == pytest.approx(1.0), h

@@ -29,8 +29,9 @@ Description:  Runs the ``shm`` pipeline (see shm.py) chunk by chunk; between
               choice for the cross communicator and one chunk's slice
               (``select.allreduce`` with one rank on each of the cross
               communicator's nodes and its tuning profile; never a node-level
-              algorithm: for MPI dtypes MPI_Allreduce below 1 MiB slices,
-              Rabenseifner or the ring from there (select._across_nodes);
+              algorithm: for MPI dtypes on equal nodes Rabenseifner or the
+              ring from 128 KiB slices (all local ranks cross at once),
+              MPI_Allreduce below (select._across_nodes);
               ring/Rabenseifner/recursive doubling for float16/bfloat16).
               ``explain()`` shows it.
 Cost:         Intra-node as in shm.py (no network). Across nodes, per rank
@@ -84,10 +85,12 @@ def cross_choice(st, n: int, itemsize: int, dtype, op, chunk_bytes: int = shm.CH
     # The cross communicator holds one rank of each node (by its split), so
     # it is asked as one rank on each of cst.size nodes: select's rules for
     # one node (the ring from 512 KiB blocks, shm's measured thresholds)
-    # describe shared memory, not these links.
+    # describe shared memory, not these links. On equal nodes every local
+    # rank's cross all-reduce runs at once through the node's link.
     return select.allreduce(cst.size, slice_bytes(info, n, itemsize, chunk_bytes), op.name, dtype.name,
                             native_dtype=reduces_natively(dtype, op), profile=cst.profile,
-                            available=shm.cross_available, ranks_per_node=1, nodes=cst.size)
+                            available=shm.cross_available, ranks_per_node=1, nodes=cst.size,
+                            concurrent=info.local_size if info.uniform else 1)
 
 
 def _cross_allreduce(ctx, info, view, red, cross):
