@@ -76,11 +76,17 @@ COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "bcast", "reduce",
 class Algorithm:
     """One registered algorithm of one collective."""
 
-    __slots__ = ("collective", "name", "schedule", "knobs", "prepare", "native", "compilable", "doc")
+    __slots__ = ("collective", "name", "schedule", "knobs", "prepare", "native", "compilable", "doc",
+                 "check_values")
 
     def __init__(self, collective: str, name: str, schedule: Callable, knobs: Tuple[str, ...] = (),
-                 prepare: Optional[Callable] = None, native: Optional[Callable] = None, compilable: bool = False):
+                 prepare: Optional[Callable] = None, native: Optional[Callable] = None, compilable: bool = False,
+                 check_values: Optional[Callable] = None):
         self.collective = collective
+        # check_values(knobs): raises ValueError for a knob value the
+        # algorithm refuses; local and pure, so a bad value fails on every
+        # rank and at every size, p = 1 included, before any message.
+        self.check_values = check_values
         # The schedule's messages do not depend on the data and it copies
         # only through ctx.copy: a kept plan may record it once and run the
         # recording in C (program.py, executor.py).
@@ -98,6 +104,8 @@ class Algorithm:
             have = ", ".join(self.knobs) or "none"
             raise ValueError(f"mpicoll: {where}{self.collective} algorithm {self.name!r} has no knob "
                              f"{', '.join(map(repr, bad))} (its knobs: {have})")
+        if self.check_values is not None:
+            self.check_values(knobs)
 
     def __call__(self, st, *args, **knobs):
         """Blocking run on CommState ``st`` (benchmarks, tests)."""
@@ -122,12 +130,13 @@ def _nbytes_of(args) -> int:
 _REGISTRY: Dict[str, Dict[str, Algorithm]] = {c: {} for c in COLLECTIVES}
 
 
-def register(collective: str, name: str, *, knobs=(), prepare=None, native=None, compilable=False):
+def register(collective: str, name: str, *, knobs=(), prepare=None, native=None, compilable=False,
+             check_values=None):
     def deco(fn):
         table = _REGISTRY[collective]
         if name in table or name == "auto":
             raise ValueError(f"algorithm {name!r} registered twice for {collective}")
-        table[name] = Algorithm(collective, name, fn, knobs, prepare, native, compilable)
+        table[name] = Algorithm(collective, name, fn, knobs, prepare, native, compilable, check_values)
         return fn
 
     return deco

@@ -132,3 +132,17 @@ def test_hierarchical_cross_choice_asks_for_one_rank_on_each_node(monkeypatch):
     assert hierarchical.cross_choice(None, (512 << 10) // 4, 4, f32, add).name == "mpi"
     assert select.allreduce(8, 512 << 10, "sum", "float32", ranks_per_node=1, nodes=8, concurrent=8).name \
         == "rabenseifner"
+
+
+def test_cross_knob_values_are_checked_before_anything_runs():
+    """A bad ``cross`` is refused where the call's knobs are checked (the
+    registry's check_values), so on one rank too, which runs no algorithm."""
+    import pytest
+
+    from mpicoll.algorithms import get
+
+    for name in ("shm", "hierarchical", "cascade"):
+        with pytest.raises(ValueError, match="cross"):
+            get("allreduce", name).check_knobs({"cross": "no_such"})
+        get("allreduce", name).check_knobs({"cross": None})
+    get("allreduce", "hierarchical").check_knobs({"cross": "ring"})

@@ -183,8 +183,9 @@ def test_cross_algorithm_decided_once_per_call(fake_comm, algorithm, monkeypatch
         np.testing.assert_array_equal(got, want, err_msg=cross)
         assert_identical_everywhere(comm, got)
     assert len(asked) == 2 * once, "a given cross is not decided again"
-    # (One rank runs no algorithm, so its knobs are not looked at.)
-    for bad in ("shm", "hierarchical", "cascade", "no_such") if p > 1 else ():
+    # Checked at every p, one rank included (which runs no algorithm), as
+    # a value the call gives, before any message (registry check_values).
+    for bad in ("shm", "hierarchical", "cascade", "no_such"):
         with pytest.raises(ValueError, match="cross"):
             run(inputs[rank], comm=comm, algorithm=algorithm, knobs={"cross": bad})
     np.testing.assert_array_equal(mpicoll.allreduce(inputs[rank], comm=comm, algorithm=algorithm), want)

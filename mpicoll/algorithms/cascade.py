@@ -118,7 +118,8 @@ def _check_cross(cross):
         raise ValueError(f"mpicoll: cascade cross must be one of {', '.join(CROSS)} (or None), got {cross!r}")
 
 
-@register("allreduce", "cascade", knobs=("ppn", "cross"), prepare=prepare)
+@register("allreduce", "cascade", knobs=("ppn", "cross"), prepare=prepare,
+          check_values=lambda knobs: _check_cross(knobs.get("cross")))
 def allreduce(ctx, buf, red, src=None, *, ppn=None, cross=None):
     _check_cross(cross)
     p, rank = ctx.size, ctx.rank

@@ -117,7 +117,8 @@ def prepare(st, buf, red=None, *, chunk_bytes=shm.CHUNK_BYTES, sync=None, cross=
     return decided
 
 
-@register("allreduce", "hierarchical", knobs=("chunk_bytes", "sync", "cross"), prepare=prepare)
+@register("allreduce", "hierarchical", knobs=("chunk_bytes", "sync", "cross"), prepare=prepare,
+          check_values=shm.check_knob_values)
 def allreduce(ctx, buf, red, src=None, *, chunk_bytes=shm.CHUNK_BYTES, sync=None, cross=None):
     info = node_info(ctx.st)
     if info.nodes == 1:

@@ -254,7 +254,13 @@ def _prepare_shm(st, buf, red=None, **knobs):
 
 # ``cross`` matters only where shm runs as hierarchical (its algorithm across
 # nodes, see hierarchical.py); on one node it is ignored.
-@register("allreduce", "shm", knobs=("chunk_bytes", "sync", "cross"), prepare=_prepare_shm)
+def check_knob_values(knobs) -> None:
+    """shm's and hierarchical's knob values, checked when a call gives them."""
+    check_cross(knobs.get("cross"))
+
+
+@register("allreduce", "shm", knobs=("chunk_bytes", "sync", "cross"), prepare=_prepare_shm,
+          check_values=check_knob_values)
 def allreduce(ctx, buf, red, src=None, *, chunk_bytes=CHUNK_BYTES, sync=None, cross=None):
     info = node_info(ctx.st)
     if info.nodes > 1:
