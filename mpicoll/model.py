@@ -72,8 +72,11 @@ predicted times).
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Dict, Iterable, NamedTuple, Optional
+
+import numpy as np
 
 
 P2P = ("ring", "tree", "recursive_doubling", "rabenseifner")
@@ -123,6 +126,20 @@ def _pof2(p: int) -> int:
 
 def _log2_ceil(p: int) -> int:
     return (p - 1).bit_length()
+
+
+@functools.lru_cache(maxsize=None)
+def _tree_counts(p: int) -> tuple:
+    """(messages, combines) of the busiest rank of the binomial tree on p
+    ranks: reduce to rank 0, then bcast from it. A rank sends once in the
+    reduce (the root: never) and once per child in the bcast, and combines
+    once per child in the reduce. Cached: O(p log p), independent of n."""
+    most = combined = 0
+    for v in range(p):
+        children = sum(1 for k in range(_log2_ceil(p)) if v % (2 << k) == 0 and v + (1 << k) < p)
+        most = max(most, children + (v != 0))
+        combined = max(combined, children)
+    return most, combined
 
 
 def _blocks(count: int, p: int) -> list:
@@ -242,14 +259,7 @@ def terms(algorithm: str, p: int, nbytes: int, itemsize: int = 4, *,
         wire = max(2 * count - b[r] - b[(r + 1) % p] for r in range(p)) * itemsize
         return Terms((p - 1) * (segs + 1), wire, (count - min(b)) * itemsize)
     if algorithm == "tree":
-        # Binomial reduce to rank 0, then binomial bcast from it: a rank
-        # sends once in the reduce (root: never) and once per child in the
-        # bcast, and combines once per child in the reduce.
-        most = combined = 0
-        for v in range(p):
-            children = sum(1 for k in range(_log2_ceil(p)) if v % (2 << k) == 0 and v + (1 << k) < p)
-            most = max(most, children + (v != 0))
-            combined = max(combined, children)
+        most, combined = _tree_counts(p)
         return Terms(most, most * n, combined * n)
     if algorithm == "recursive_doubling":
         # Survivors of the fold send lg times, plus the fold-out once.
@@ -257,28 +267,30 @@ def terms(algorithm: str, p: int, nbytes: int, itemsize: int = 4, *,
     if algorithm == "rabenseifner":
         if count < pof2:
             return terms("recursive_doubling", p, nbytes, itemsize)
-        b = _blocks(count, pof2)
-        start = [0]
-        for x in b:
-            start.append(start[-1] + x)
+        # Every surviving rank at once (numpy over the ranks: p = 4096 is
+        # priced thousands of times when a profile's model rules are drawn).
+        q, r = divmod(count, pof2)
+        start = np.arange(pof2 + 1, dtype=np.int64) * q + np.minimum(np.arange(pof2 + 1), r)
         rem = p - pof2
-        wire, combined, most = (n, 0, 1) if rem else (0, 0, 0)  # a folded-out rank sends its vector once
-        for me in range(pof2):
-            lo, hi, w, c = 0, pof2, 0, 0
-            mask = pof2 >> 1
-            while mask:  # halving: send the half given away, combine the half kept
-                mid = (lo + hi) // 2
-                keep, give = ((lo, mid), (mid, hi)) if me & mask == 0 else ((mid, hi), (lo, mid))
-                c += start[keep[1]] - start[keep[0]]
-                w += start[give[1]] - start[give[0]]
-                lo, hi = keep
-                mask >>= 1
-            # doubling replays the rounds, sending each round's kept range
-            w += c
-            extra = n if me < rem else 0  # fold region: combine the fold-in, send the fold-out
-            wire = max(wire, w * itemsize + extra)
-            combined = max(combined, c * itemsize + extra)
-            most = max(most, 2 * lg + (1 if me < rem else 0))
+        me = np.arange(pof2)
+        lo, hi = np.zeros(pof2, np.int64), np.full(pof2, pof2, np.int64)
+        w, c = np.zeros(pof2, np.int64), np.zeros(pof2, np.int64)
+        mask = pof2 >> 1
+        while mask:  # halving: send the half given away, combine the half kept
+            mid = (lo + hi) // 2
+            low = (me & mask) == 0
+            klo, khi = np.where(low, lo, mid), np.where(low, mid, hi)
+            glo, ghi = np.where(low, mid, lo), np.where(low, hi, mid)
+            c += start[khi] - start[klo]
+            w += start[ghi] - start[glo]
+            lo, hi = klo, khi
+            mask >>= 1
+        # doubling replays the rounds, sending each round's kept range
+        w += c
+        extra = np.where(me < rem, n, 0)  # fold region: combine the fold-in, send the fold-out
+        wire = max(n if rem else 0, int((w * itemsize + extra).max()))  # a folded-out rank sends its vector once
+        combined = int((c * itemsize + extra).max())
+        most = 2 * lg + (1 if rem else 0)
         return Terms(most, wire, combined)
     if algorithm == "knomial":
         # As the tree: a rank has the same children in the reduce (combines

@@ -187,18 +187,32 @@ def tune(comm=None, sizes: Optional[List[int]] = None, op: str = "sum", dtype: s
     model = _modelfit.fit(fit_rows) if fit_rows else None
     model_rules = []
     if model is not None and "p2p" in model.params and "mpi" in model.params:
-        candidates = [a for a in _model.P2P + ("mpi",) if _alg.has("allreduce", a)]
-        grid = _timing.default_sizes()
-        for p_lo, p_hi, p_rep in p_ranges():
-            winners = [(_model.best(model, p_rep, nb, candidates)[1], None) for nb in grid]
-            for lo, hi, (alg, seg) in ranges_from_winners(grid, winners):
-                model_rules.append(_profile.Rule(p_lo, p_hi, lo, hi, alg, seg, True, "model",
-                                                 f"least predicted time at p={p_rep}"))
+        # Every rank has the same model (the same measurements), so rank 0
+        # works the rules out and sends them: pricing every candidate at
+        # p = 2..4096 is 0.2 s of Python, which p ranks sharing few cores
+        # would otherwise all pay at once.
+        if comm.Get_rank() == 0:
+            model_rules = model_rules_for(model)
+        model_rules = comm.bcast(model_rules, root=0)
     measured_p = sorted({m["p"] for m in measurements})
     meta.update({"host": platform.node(), "mpi": MPI.Get_library_version().splitlines()[0].strip(),
                  "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "measured_p": measured_p,
                  "op": op, "dtype": dtype, "margin": margin, "stream": res["stream"]})
     return _profile.Profile(measured_rules + model_rules, model=model, meta=meta, measurements=measurements)
+
+
+def model_rules_for(model) -> List[_profile.Rule]:
+    """Rules for the process counts up to MODEL_P_MAX (p_ranges), each the
+    model's fastest predicted algorithm over the default size grid."""
+    candidates = [a for a in _model.P2P + ("mpi",) if _alg.has("allreduce", a)]
+    grid = _timing.default_sizes()
+    rules = []
+    for p_lo, p_hi, p_rep in p_ranges():
+        winners = [(_model.best(model, p_rep, nb, candidates)[1], None) for nb in grid]
+        for lo, hi, (alg, seg) in ranges_from_winners(grid, winners):
+            rules.append(_profile.Rule(p_lo, p_hi, lo, hi, alg, seg, True, "model",
+                                       f"least predicted time at p={p_rep}"))
+    return rules
 
 
 def main(argv=None) -> int:

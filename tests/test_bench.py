@@ -117,6 +117,9 @@ def test_tune_and_auto_follows_the_profile(tmp_path, monkeypatch):
         return
     prof = _tune.tune(comm, [8, 64 << 10], segments=[4096], repeat=1, scale=1e-6, progress=False,
                        stream_bytes=1 << 16)
+    # every rank holds the same rules (the model's are worked out on rank 0 and sent)
+    rules = [tuple(r) for r in prof.rules]
+    assert comm.allgather(rules) == [rules] * p
     measured = [r for r in prof.rules if r.source == "measured"]
     assert measured and all(r.p_min == r.p_max == p for r in measured)
     assert measured[0].bytes_min == 0 and measured[-1].bytes_max is None
@@ -145,11 +148,6 @@ def test_tune_and_auto_follows_the_profile(tmp_path, monkeypatch):
         want = sum(np.arange(50_001, dtype=np.float32) % 7 + r for r in range(p))
         np.testing.assert_array_equal(mpicoll.allreduce(x, comm=fresh), want)
         # Merging: a second run at the same p replaces this p's measurements.
-        # Its model rules (checked above) are drawn for p up to 64 only:
-        # every rank computes them all, and the default range up to 4096
-        # took ~14 s of the test's 28 at p=8 on 2 cores.
-        full_ranges = _tune.p_ranges
-        monkeypatch.setattr(_tune, "p_ranges", lambda: full_ranges(64))
         again = _tune.tune(comm, [8], segments=[], repeat=1, scale=1e-6, progress=False, base=prof,
                            stream_bytes=1 << 16)
         assert {m["bytes"] for m in again.measurements} == {8}
