@@ -40,8 +40,8 @@ them and every size and byte count is the real one.
 Limitations: the MPI library's own collective (``mpi``) raises
 ``Unsimulable`` and is reported as not simulated, and so does
 ``hierarchical`` where its cross-node step would be that call (auto's
-choice for slices under 1 MiB; give ``cross=`` to simulate one of
-mpicoll's); the MPI library's algorithms are simulated natively by SMPI
+choice for short slices: select._across_nodes; give ``cross=`` to
+simulate one of mpicoll's); the MPI library's algorithms are simulated natively by SMPI
 instead (sim/anchor.c, docs/scale.md). A node's ranks do not share its
 memory bandwidth here (copies and reductions each run at the full rate
 on their own core), which flatters shm's copies on a busy node. A send of more
@@ -303,17 +303,13 @@ class _Window:
 class _TimedReduction:
     """A Reduction that costs simulated time instead of computing."""
 
-    def __init__(self, sg, red_op, dtype, stats, seconds_per_byte):
-        self._sg, self._stats, self._spb = sg, stats, seconds_per_byte
+    def __init__(self, run, red_op, dtype, stats, seconds_per_byte):
+        self._run, self._stats, self._spb = run, stats, seconds_per_byte
         self.op, self.dtype = red_op, dtype
 
     def _spend(self, nbytes):
         self._stats.bytes_reduced += nbytes
-        if nbytes:
-            # Flops on this host for the kernel's time: the host's speed
-            # converts, and ranks sharing a host share its cores.
-            host = self._sg.this_actor.get_host()
-            self._sg.this_actor.execute(nbytes * self._spb * host.speed)
+        self._run.spend(nbytes * self._spb)
 
     def combine(self, dst, a, b):
         self._spend(dst.nbytes)
@@ -346,7 +342,8 @@ class _Run:
         return mb
 
     def spend(self, seconds):
-        """``seconds`` of this rank's time on its host (ranks share a host's cores)."""
+        """``seconds`` of this rank's time on its host: flops at the host's
+        speed, so ranks sharing a host share its cores."""
         if seconds > 0:
             host = self.sg.this_actor.get_host()
             self.sg.this_actor.execute(seconds * host.speed)
@@ -523,7 +520,7 @@ def _simulate(plat, alg, collective, p, ppn, n, storage, dt, reduction, knobs):
     r = _Run(sg, plat, p, ppn)
     spb = 1.0 / plat.reduce_Bps
     args = _schedule_args(collective, p, n, storage,
-                          lambda rank: _TimedReduction(sg, reduction, dt, r.stats[rank], spb))
+                          lambda rank: _TimedReduction(r, reduction, dt, r.stats[rank], spb))
     shared = alg.name in SHARED_MEMORY
     barriers = [sg.Barrier(len(ranks)) for ranks in _Node(0, p, ppn).node_ranks] if shared else None
     for rank in range(p):
