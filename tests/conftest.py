@@ -171,3 +171,37 @@ def pytest_ignore_collect(collection_path, config):
         if "pytest.mark.mpi" not in collection_path.read_text():
             return True
     return None
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "waits: the test spends most of its time waiting for a deadline to fire, not computing "
+        "(spread through the run so that xdist workers overlap it with tests that compute)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Spread the ``waits`` tests evenly through the run, keeping each
+    group's own order. Most of the serial suite's wall time is these tests
+    sleeping while an mpiexec job's deadline runs out (test_deadline_state,
+    test_timeout, test_torch_timeout: ~210 s of waiting), and most of its
+    CPU time is a few simulation-heavy files. In file order a third of the waiting
+    came last, so the xdist workers first computed with 2 cores saturated and
+    then sat idle together; mixed, one worker waits while another computes.
+    Only in xdist's workers (they all collect the same order, which the
+    controller requires); a single process keeps the file order."""
+    if not hasattr(config, "workerinput"):
+        return
+    waiting = [it for it in items if it.get_closest_marker("waits") is not None]
+    if not waiting or len(waiting) == len(items):
+        return
+    others = [it for it in items if it.get_closest_marker("waits") is None]
+    step = len(others) / len(waiting)
+    mixed = []
+    taken = 0
+    for i, item in enumerate(waiting):
+        upto = int(i * step)
+        mixed.extend(others[taken:upto])
+        taken = upto
+        mixed.append(item)
+    mixed.extend(others[taken:])
+    items[:] = mixed

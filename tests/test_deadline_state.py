@@ -16,6 +16,9 @@ import pytest
 import mpicoll
 from test_timeout import MPIEXEC, run_case, timeout_peers
 
+# Each case waits for its deadline (conftest spreads such tests through the run).
+pytestmark = pytest.mark.waits
+
 TIMEOUT = 2.0
 # The deadline, then the case script's 1 s pause and mpi4py's abort on a
 # loaded 2-core machine.

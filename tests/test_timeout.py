@@ -20,6 +20,9 @@ import pytest
 import mpicoll
 from mpijob import run_job
 
+# Each case waits for its deadline (conftest spreads such tests through the run).
+pytestmark = pytest.mark.waits
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 CASE_SCRIPT = os.path.join(HERE, "timeout_case.py")
 BIN = os.path.dirname(sys.executable)

@@ -15,6 +15,9 @@ from mpijob import run_job
 
 pytest.importorskip("torch", reason="torch is not installed (make install adds the CPU build)")
 
+# Each case waits for its deadline (conftest spreads such tests through the run).
+pytestmark = pytest.mark.waits
+
 BIN = os.path.dirname(sys.executable)
 MPIEXEC = os.path.join(BIN, "mpiexec")
 MPIEXEC_FLAGS = os.environ.get("MPIEXEC_FLAGS", "").split()
