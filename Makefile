@@ -67,7 +67,9 @@ unexport PYTHONDONTWRITEBYTECODE
 $(STAMP): pyproject.toml setup.py csrc/*.c csrc/*.h csrc/build_kernels.py csrc/build_executor.py
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e '.[$(MPI),test,examples]'
+	@# Both venvs' editable installs build the kernels in this tree
+	@# (mpicoll/_kernels.c and .so): the lock lets them install at once.
+	mkdir -p build && flock build/.editable-install.lock $(VENV)/bin/pip install -q -e '.[$(MPI),test,examples]'
 	@# The schedule executor calls MPI itself: built against this venv's MPI
 	@# library (mpicoll/_executor_$(MPI)*.so, beside the kernels).
 	$(PY) csrc/build_executor.py
