@@ -42,6 +42,9 @@ TEST_TIMEOUT ?= 600
 MPIRUN_PY := $(PY) -m mpi4py
 
 STAMP := $(VENV)/.installed-$(MPI)
+# util-linux's flock where there is one (.ci/run installs the two venvs at
+# once); without it the installs must not overlap.
+INSTALL_LOCK := $(if $(shell command -v flock),flock build/.editable-install.lock)
 # PyTorch for mpicoll.torch and its tests, in both venvs. Pinned to one
 # exact version because the backend leans on torch.distributed internals
 # that change between releases (a Python ProcessGroup's method names, the
@@ -69,7 +72,7 @@ $(STAMP): pyproject.toml setup.py csrc/*.c csrc/*.h csrc/build_kernels.py csrc/b
 	$(VENV)/bin/pip install -q --upgrade pip
 	@# Both venvs' editable installs build the kernels in this tree
 	@# (mpicoll/_kernels.c and .so): the lock lets them install at once.
-	mkdir -p build && flock build/.editable-install.lock $(VENV)/bin/pip install -q -e '.[$(MPI),test,examples]'
+	mkdir -p build && $(INSTALL_LOCK) $(VENV)/bin/pip install -q -e '.[$(MPI),test,examples]'
 	@# The schedule executor calls MPI itself: built against this venv's MPI
 	@# library (mpicoll/_executor_$(MPI)*.so, beside the kernels).
 	$(PY) csrc/build_executor.py
