@@ -204,4 +204,5 @@ def pytest_collection_modifyitems(config, items):
         taken = upto
         mixed.append(item)
     mixed.extend(others[taken:])
+    assert len(mixed) == len(items), "the spread lost or repeated a test"
     items[:] = mixed
