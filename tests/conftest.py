@@ -181,28 +181,25 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     """Spread the ``waits`` tests evenly through the run, keeping each
-    group's own order. Most of the serial suite's wall time is these tests
+    group's own order. Much of the serial suite's wall time is these tests
     sleeping while an mpiexec job's deadline runs out (test_deadline_state,
     test_timeout, test_torch_timeout: ~210 s of waiting), and most of its
-    CPU time is a few simulation-heavy files. In file order a third of the waiting
-    came last, so the xdist workers first computed with 2 cores saturated and
-    then sat idle together; mixed, one worker waits while another computes.
-    Only in xdist's workers (they all collect the same order, which the
-    controller requires); a single process keeps the file order."""
+    CPU time is a few simulation-heavy files. In file order nearly half of
+    the waiting came last, so the xdist workers first computed with 2 cores
+    saturated and then sat idle together; mixed, one worker waits while
+    another computes. Only in xdist's workers (they all collect the same
+    order, which the controller requires); a single process keeps the file
+    order."""
     if not hasattr(config, "workerinput"):
         return
-    waiting = [it for it in items if it.get_closest_marker("waits") is not None]
-    if not waiting or len(waiting) == len(items):
+    waits = [it.get_closest_marker("waits") is not None for it in items]
+    groups = [[i for i, w in enumerate(waits) if w == g] for g in (True, False)]
+    if not all(groups):
         return
-    others = [it for it in items if it.get_closest_marker("waits") is None]
-    step = len(others) / len(waiting)
-    mixed = []
-    taken = 0
-    for i, item in enumerate(waiting):
-        upto = int(i * step)
-        mixed.extend(others[taken:upto])
-        taken = upto
-        mixed.append(item)
-    mixed.extend(others[taken:])
-    assert len(mixed) == len(items), "the spread lost or repeated a test"
-    items[:] = mixed
+    # Each test's place within its own group, as a fraction of the group: a
+    # stable sort on it interleaves the two groups evenly, each in its order.
+    place = {}
+    for members in groups:
+        for j, i in enumerate(members):
+            place[i] = j / len(members)
+    items[:] = [items[i] for i in sorted(range(len(items)), key=place.__getitem__)]
