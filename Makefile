@@ -87,10 +87,10 @@ test: test-serial test-mpi
 # one). Much of its wall time is waiting, not computing: its deadline tests
 # run mpiexec jobs in which a rank waits for a timeout to fire; conftest
 # spreads them among the tests that compute, so that some workers wait while
-# others use the cores. Measured on an idle 2-core machine (MPICH): one
-# process 298 s of wall time for 96 s of CPU; 4 workers 133 s with the
-# waiting tests last, 94 s spread; 6 workers 80 s (8: 90 s, each worker
-# collects the whole suite). Open MPI with 6: 91 s (4, waiting last: 166 s).
+# others use the cores. Measured on an idle 2-core machine (MPICH): 4
+# workers 134 s with the waiting tests last, 94 s spread; 6 workers spread
+# 77-86 s (8: 90 s, each worker collects the whole suite). Open MPI: 4
+# workers, waiting last, 163 s; 6 spread 80-91 s.
 SERIAL_WORKERS ?= 6
 test-serial: $(STAMP)
 	$(PY) -m pytest -q $(if $(filter-out 0,$(SERIAL_WORKERS)),-n $(SERIAL_WORKERS)) tests
