@@ -101,12 +101,14 @@ class Kit:
     """What one run in flight needs besides the program: its C state, the
     error words, the scratch pointers and the bound buffers. A blocking
     Executable keeps one; each nonblocking request has its own (a
-    persistent request reuses one: it is never started twice at once)."""
+    persistent request reuses one: it is never started twice at once, and
+    its buffers are bound for its life, ``keep``)."""
 
-    __slots__ = ("state", "info", "scratch", "ptrs", "buf", "src", "c_buf", "c_src", "dead")
+    __slots__ = ("state", "info", "scratch", "ptrs", "buf", "src", "c_buf", "c_src", "dead", "keep")
 
     def __init__(self, prog, scratch):
         self.dead = False  # a failed run left it to the library (engine._abandoned)
+        self.keep = False  # release() leaves the buffers bound (a persistent request's)
         self.state = _new_state(prog)
         self.info = ffi.new("int64_t[4]")
         self.scratch = scratch  # the arrays ptrs points into
@@ -121,6 +123,8 @@ class Kit:
 
     def release(self):
         """Drop the bound buffers (nothing of the caller's stays exported)."""
+        if self.keep:
+            return
         self.buf = self.src = None
         self.c_buf = self.c_src = ffi.NULL
 
@@ -236,17 +240,43 @@ class Executable:
     def start(self, buf, src, tag, seq, kit, result, finish, deadline, nbytes):
         """A nonblocking run on ``kit`` (new_kit) as an engine request."""
         kit.bind(buf, src)
-        return engine.submit(ProgramRequest(self, kit, tag, seq, result, finish, deadline, self.st), nbytes)
+        return self.started(kit, self.post(kit, tag), tag, seq, result, finish, deadline, nbytes)
+
+    def post(self, kit, tag) -> int:
+        """Begin a nonblocking run on ``kit`` (bound): the executor's status
+        after its first pass, which posts the first messages and goes on
+        for as long as they have completed. DONE is common for a short
+        message whose peers are there already."""
+        return lib.mpicoll_x_run(kit.state, self.steps, self.nsteps, self.lists, kit.c_buf, kit.c_src, kit.ptrs,
+                                 self.op, self.dtype, self.handle, tag, 0, kit.info)
+
+    def started(self, kit, rc, tag, seq, result, finish, deadline, nbytes):
+        """The request for a run that post() began with status ``rc``.
+        Complete already: ``finish`` runs now and the request is a plain
+        completed one (the engine's bookkeeping for a request in flight was
+        most of a short call's cost). Otherwise the engine takes it over."""
+        if rc == DONE:
+            kit.release()
+            try:
+                if finish is not None:
+                    finish()
+            except BaseException as exc:  # reported by wait(), as the engine would
+                req = engine.Request.completed(result)
+                req._error = exc
+                return req
+            return engine.Request.completed(result)
+        return engine.submit(ProgramRequest(self, kit, tag, seq, result, finish, deadline, self.st, rc), nbytes)
 
 
 class ProgramRequest(engine.Request):
     """A program in flight: the engine advances it through the executor's
     nonblocking mode; wait() alone finishes it in one blocking C call."""
 
-    def __init__(self, exe, kit, tag, seq, result, finish, deadline, st):
+    def __init__(self, exe, kit, tag, seq, result, finish, deadline, st, rc=None):
         super().__init__(result, None, finish, deadline, st)
         self._exe, self._kit = exe, kit
         self._tag, self._seq = tag, seq
+        self._rc = rc  # the status of the pass that posted it (Executable.post), None: not posted
 
     def _run(self, blocking) -> int:
         exe, kit = self._exe, self._kit
@@ -262,7 +292,11 @@ class ProgramRequest(engine.Request):
 
     # ---- called with the engine lock held ----
     def _start(self) -> None:
-        rc = self._run(0)
+        # Not posted yet, or posted and pending: a pass (its messages may
+        # have arrived since); or the error the posting pass met.
+        rc = self._rc
+        if rc is None or rc == PENDING:
+            rc = self._run(0)
         if rc != PENDING:
             self._settle_rc(rc)
 

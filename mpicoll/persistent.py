@@ -47,9 +47,18 @@ class Persistent:
             try:
                 prog = _program.record(entry.schedule, plan.st, buf.size, buf.dtype, red, src is not None, knobs)
                 self._exe = _executor.Executable(prog, plan.st, red, plan.collective, plan.algorithm)
-                self._kit = self._exe.new_kit(self._pool)
+                self._kit = self._new_kit()
             except _program.NotCompilable:
                 pass
+
+    def _new_kit(self):
+        """The executor's kit for this request's runs, bound to its buffers
+        for good (MPI's persistent requests keep theirs too)."""
+        kit = self._exe.new_kit(self._pool)
+        _, buf, _, src, _ = self._plan.recordable
+        kit.bind(buf, src)
+        kit.keep = True
+        return kit
 
     @property
     def algorithm(self) -> str:
@@ -88,11 +97,12 @@ class Persistent:
             try:
                 plan.inputs()
                 seq, tag = st.next_seq()
-                _, buf, _, src, _ = plan.recordable
-                if self._kit.dead:  # the last run failed: its kit stays with the library
-                    self._kit = self._exe.new_kit(self._pool)
-                self._req = self._exe.start(buf, src, tag, seq, self._kit, plan.result, plan.finish, None,
-                                            plan.nbytes)
+                kit = self._kit
+                if kit.dead:  # the last run failed: its kit stays with the library
+                    kit = self._kit = self._new_kit()
+                exe = self._exe
+                self._req = exe.started(kit, exe.post(kit, tag), tag, seq, plan.result, plan.finish, None,
+                                        plan.nbytes)
             finally:
                 st.busy.release()
         else:

@@ -236,3 +236,53 @@ def test_executor_size_mismatch_is_an_error_on_every_rank():
     seq, tag = st.next_seq()
     exe.run(buf, None, tag, seq)
     assert (buf == 2).all()
+
+
+@pytest.mark.mpi
+def test_executor_start_completes_at_once_or_under_the_engine():
+    """A nonblocking run whose peer's messages are already there when it is
+    posted completes inside start (a completed request, its finish run
+    there); the peer's, posted first, goes to the engine. An error met
+    while posting is raised by wait(), as one met later would be."""
+    import time
+
+    from mpi4py import MPI
+
+    from mpicoll import engine, executor
+    from mpicoll.errors import MismatchError
+    if not executor.available():
+        pytest.skip(executor.why_not())
+    st = _mpi_state()
+    if st.size != 2:
+        pytest.skip("one rank posts late: two ranks")
+    comm, r = MPI.COMM_WORLD, st.rank
+    sched = alg.get("allreduce", "recursive_doubling").schedule
+    red = reduction("avg", "float64")
+    x = np.arange(5.0) + r
+    exe = executor.Executable(program.record(sched, st, 5, x.dtype, red, False), st, red, "allreduce", "rd")
+    for late in (0, 1):
+        buf, finished = x.copy(), []
+
+        def finish():
+            red.finish(buf, 2)
+            finished.append(True)
+        comm.Barrier()
+        if r == late:
+            time.sleep(0.05)  # the peer's message has arrived before this rank posts
+        seq, tag = st.next_seq()
+        req = exe.start(buf, None, tag, seq, exe.new_kit({}), buf, finish, None, buf.nbytes)
+        if r == late:
+            assert isinstance(req, engine._Done) and finished == [True]
+        assert req.wait() is buf and finished == [True]
+        np.testing.assert_array_equal(buf, np.arange(5.0) + 0.5)
+    # Counts that differ: the late rank meets the mismatch while posting.
+    n = 4 + r
+    bad = executor.Executable(program.record(sched, st, n, x.dtype, red, False), st, red, "allreduce", "rd")
+    comm.Barrier()
+    if r == 0:
+        time.sleep(0.05)
+    seq, tag = st.next_seq()
+    req = bad.start(np.zeros(n), None, tag, seq, bad.new_kit({}), None, None, None, 8 * n)
+    with pytest.raises(MismatchError, match="recursive doubling round 0"):
+        req.wait()
+    comm.Barrier()
