@@ -25,6 +25,7 @@
  *      hurry it, and a yielding spinner still costs a core on an idle one).
  */
 #include <sched.h>
+#include <string.h>
 #include <time.h>
 #include "kernels.h"
 
@@ -95,4 +96,58 @@ int mpicoll_flag_wait(const char *base, size_t stride, int k, int64_t value, int
         if (r == k)
             return 1;
     }
+}
+
+/* Element offset of slice i of n elements in k slices (np.array_split: the
+ * first n % k slices hold one element more), as block_bounds in Python. */
+static int64_t slice_start(int64_t n, int k, int i)
+{
+    const int64_t q = n / k, r = n % k;
+    return i * q + (i < r ? i : r);
+}
+
+int mpicoll_shm_allreduce(char *const *slots, int k, int me, char *buf, const char *own, int64_t n,
+                          size_t itemsize, int op, int dtype, char *flags, size_t stride, int64_t epoch,
+                          const int64_t *sig, int sig_at, int sig_words, int stage, int spins,
+                          int64_t yield_ns, int64_t budget_ns, const void **srcs)
+{
+    const size_t a = (size_t)slice_start(n, k, me), b = (size_t)slice_start(n, k, me + 1);
+    char *mine = slots[me];
+    int64_t *my_flag = (int64_t *)(flags + (size_t)me * stride);
+    if (stage == 0) {
+        /* This rank's own slice stays private: only it reads that part. */
+        memcpy(mine, own, a * itemsize);
+        memcpy(mine + b * itemsize, own + b * itemsize, ((size_t)n - b) * itemsize);
+        /* Plain stores: the release store of the counter publishes them. */
+        for (int i = 0; i < sig_words; i++)
+            my_flag[sig_at + i] = sig[i];
+        mpicoll_flag_set(my_flag, epoch);
+        if (!mpicoll_flag_wait(flags, stride, k, epoch, spins, yield_ns, budget_ns))
+            return 1;
+        stage = 1;
+    }
+    if (stage == 1) {
+        /* The wait's acquire loads made the peers' signatures visible. */
+        for (int q = 0; q < k; q++) {
+            const int64_t *theirs = (const int64_t *)(flags + (size_t)q * stride) + sig_at;
+            for (int i = 0; i < sig_words; i++)
+                if (theirs[i] != sig[i])
+                    return MPICOLL_SHM_EMISMATCH;
+        }
+        if (b > a) {
+            for (int q = 0; q < k; q++)
+                srcs[q] = (q == me ? own : slots[q]) + a * itemsize;
+            const int rc = mpicoll_reduce_many(op, dtype, mine + a * itemsize, srcs, k, b - a);
+            if (rc)
+                return rc;
+        }
+        mpicoll_flag_set(my_flag, epoch + 1);
+        if (!mpicoll_flag_wait(flags, stride, k, epoch + 1, spins, yield_ns, budget_ns))
+            return 2;
+    }
+    for (int q = 0; q < k; q++) {
+        const size_t qa = (size_t)slice_start(n, k, q), qb = (size_t)slice_start(n, k, q + 1);
+        memcpy(buf + qa * itemsize, slots[q] + qa * itemsize, (qb - qa) * itemsize);
+    }
+    return 0;
 }

@@ -25,6 +25,7 @@ from mpi4py import MPI
 from . import engine
 from . import executor as _executor
 from . import program as _program
+from . import schedule as _sched
 from .algorithms import mpi as _mpi
 from .plancache import MISS as _MISS, Kept as _Kept, env_unchanged as _env_unchanged
 from .runtime import Plan, _finish, enter
@@ -142,7 +143,7 @@ class KeptAllreduce(_Kept):
     plan bound to the call's arrays (``bind``: its schedule over them).
     ``mode``: 0 no out, 1 out is x, 2 another out (set by the front door)."""
 
-    __slots__ = ("name", "entry", "knobs", "red", "datatype", "op", "mode", "avg", "exe")
+    __slots__ = ("name", "entry", "knobs", "red", "datatype", "op", "mode", "avg", "exe", "direct")
 
     def __init__(self, st, name, entry, knobs, red, native):
         super().__init__(st)
@@ -153,6 +154,10 @@ class KeptAllreduce(_Kept):
         # hit tries, then an executor.Executable or False (not compilable,
         # no executor, or turned off).
         self.exe = None
+        # The algorithm's own blocking runner (registry ``direct``): None
+        # until the first hit of a schedule that did not compile, then the
+        # runner or False.
+        self.direct = None
 
     def _compiled(self, x):
         """This signature's Executable, recorded at the first hit, or False."""
@@ -167,6 +172,26 @@ class KeptAllreduce(_Kept):
                 pass
         self.exe = exe
         return exe
+
+    def _direct(self, x):
+        """This signature's runner of the algorithm's own (registry
+        ``direct``), made at the first hit, or False."""
+        entry = self.entry
+        run = False
+        if entry is not None and entry.direct is not None and self.st.size > 1:
+            run = entry.direct(self.st, x.size, x.itemsize, self.red, **self.knobs) or False
+        self.direct = run
+        return run
+
+    def _schedule(self, x, out, tag, seq):
+        """The schedule, blocking, on call number ``seq`` (taken): a call the
+        direct runner left to it."""
+        st, red, entry, knobs = self.st, self.red, self.entry, self.knobs
+        flat = out.reshape(-1)
+        if entry.prepare is not None:
+            entry.prepare(st, flat, red, **knobs)
+        ctx = _sched.Context(st, tag, st.pool, ("allreduce", self.name, flat.nbytes, seq))
+        _sched.run(entry.schedule(ctx, flat, red, None if out is x else x.reshape(-1), **knobs))
 
     def _out(self, x, out):
         """The result array for this call, or MISS."""
@@ -204,14 +229,21 @@ class KeptAllreduce(_Kept):
             if exe is None:
                 exe = self._compiled(x)
             if not exe:
-                return self._plan(x, out, st.pool).run()
+                run = self.direct
+                if run is None:
+                    run = self._direct(x)
+                if not run:
+                    return self._plan(x, out, st.pool).run()
         busy = st.busy
         if engine._running_callbacks or not busy.acquire(False):
             enter(st)  # raises the error that applies
         try:
-            if dt is None:  # the compiled schedule, one C call
+            if dt is None:
                 seq, tag = st.next_seq()
-                exe.run(out, None if mode == 1 else x, tag, seq)
+                if exe:  # the compiled schedule, one C call
+                    exe.run(out, None if mode == 1 else x, tag, seq)
+                elif not run(out.reshape(-1), None if mode == 1 else x.reshape(-1)):
+                    self._schedule(x, out, tag, seq)  # (the same call number)
             else:
                 st.next_seq()
                 st.comm.Allreduce(_IN_PLACE if mode == 1 else [x, dt], [out, dt], self.op)

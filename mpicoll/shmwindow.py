@@ -93,6 +93,8 @@ class ShmWindow:
         self._my_flag = ffi.cast("int64_t *", ffi.from_buffer(flags[self.me * FLAG_STRIDE:]))
         # Every rank's flag slot as int64 words: [counter, signature, signature].
         self._slots = np.frombuffer(flags[:self.header], np.int64).reshape(-1, FLAG_STRIDE // 8)[:k]
+        self._c_slots = None  # per turn, every rank's slot as a C pointer array (run_chunk)
+        self._c_srcs = ffi.new("const void *[]", k)
         self._barrier_sync()  # ... before anyone uses a flag
         global _serial
         _serial += 1
@@ -153,6 +155,41 @@ class ShmWindow:
             return
         raise _mismatch(np.array(seen, np.int64), info, ctx)
 
+    def run_chunk(self, buf, own, red, sig, info, st) -> None:
+        # sig: the call's signature as c_signature() gives it
+        """The shm schedule's steps for a message of one chunk, in C
+        (csrc/shmsync.c, mpicoll_shm_allreduce), blocking: the same slot,
+        syncs and signature words as the schedule's (a rank running this
+        meets ranks running the schedule), and the same turn and counts
+        afterwards. The caller has checked that the message fits a slot
+        and that no earlier call is queued on the window. A wait that
+        outlasts ROUND_S goes on in wait_flags, where Ctrl-C is seen.
+        MismatchError as verify raises it; ``st``: the communicator's
+        state (the rank and call number the error names)."""
+        if self._c_slots is None:
+            self._c_slots = [ffi.new("char *[]", [ffi.from_buffer(v) for v in self.slots(np.uint8)[s]])
+                             for s in (0, 1)]
+        self.checks += 1
+        lo = 1 + (self.checks & 1) * SIG_WORDS  # (_sig_words)
+        first = self.epoch + 1
+        self.epoch = first
+        slots, k, flags, srcs = self._c_slots[self.turn], self.k, self._flags, self._c_srcs
+        c_buf = ffi.from_buffer(buf, require_writable=True)
+        c_own = c_buf if own is buf else ffi.from_buffer(own)
+        n, size, op, dt = buf.size, buf.itemsize, red._opcode, red._dtcode
+        rc = lib.mpicoll_shm_allreduce(slots, k, self.me, c_buf, c_own, n, size, op, dt, flags, FLAG_STRIDE,
+                                       first, sig, lo, SIG_WORDS, 0, SPINS, _YIELD_NS, _ROUND_NS, srcs)
+        while rc > 0:  # a peer is late: wait with the GIL back between rounds, then go on from that sync
+            wait_flags(flags, k, first + rc - 1)
+            rc = lib.mpicoll_shm_allreduce(slots, k, self.me, c_buf, c_own, n, size, op, dt, flags, FLAG_STRIDE,
+                                           first, sig, lo, SIG_WORDS, rc, 0, 0, _ROUND_NS, srcs)
+        if rc == lib.MPICOLL_SHM_EMISMATCH:
+            raise _mismatch(self._slots[:, lo:lo + SIG_WORDS].copy(), info, _Where(st, n * size))
+        self.turn ^= 1  # the signatures agreed: the schedule turns here too
+        if rc:
+            raise RuntimeError(f"mpicoll: the shared-memory reduction kernel refused its arguments (status {rc})")
+        self.epoch = first + 1
+
     def _ibarrier(self):
         self.win.Sync()
         return self.local.Ibarrier()
@@ -165,11 +202,22 @@ class ShmWindow:
 
     def free(self) -> None:
         self._mem, self._views = [], {}  # no view or pointer may outlive the memory
-        self._flags = self._my_flag = self._slots = None
+        self._flags = self._my_flag = self._slots = self._c_slots = None
         if self.win != MPI.WIN_NULL and not MPI.Is_finalized():
             self.win.Unlock_all()
             self.win.Free()
         _live.pop(self._serial, None)
+
+
+_YIELD_NS, _ROUND_NS = int(YIELD_S * 1e9), int(ROUND_S * 1e9)
+
+
+class _Where:
+    """What a MismatchError names of a call run without a schedule context
+    (ShmWindow.run_chunk): its info and rank, as a context has them."""
+
+    def __init__(self, st, nbytes):
+        self.info, self.rank = ("allreduce", "shm", nbytes, st.seq - 1), st.rank
 
 
 class _FlagSync:
@@ -219,6 +267,11 @@ def signature(nbytes: int, red, chunk_bytes: int):
     """What the ranks of a node must agree on for one call: the message's
     bytes, the element type, the op and the chunk size (the chunks' syncs)."""
     return (nbytes, red.dtype.code, red.op.code << 1 | red.op.average, chunk_bytes)
+
+
+def c_signature(sig):
+    """``sig`` (signature()) as the C array run_chunk takes."""
+    return ffi.new("int64_t[]", list(sig))
 
 
 _SIG_FIELDS = ("count", "dtype", "op", "chunk_bytes")
@@ -275,13 +328,13 @@ def _free_all_at_exit():
 FIRST_SLOT_BYTES = 64 << 10
 
 
-def _key(sync: str) -> str:
+def window_key(sync: str) -> str:
     return "shm" if sync == SYNC else f"shm-{sync}"  # one window per sync mode (benchmarks compare them)
 
 
 def window(st, info, sync: str = "flags") -> ShmWindow:
     """The communicator's window, made (collectively) on first use."""
-    key = _key(sync)
+    key = window_key(sync)
     w = st.extra.get(key)
     if w is None:
         w = st.extra[key] = ShmWindow(info.local, FIRST_SLOT_BYTES, sync)
@@ -296,5 +349,5 @@ def grow(st, w: ShmWindow, nbytes: int) -> ShmWindow:
     w.free()
     slot = min(max(nbytes, 2 * w.slot_bytes), MAX_SLOT_BYTES)  # geometric growth: few re-allocations
     slot = -(-slot // 4096) * 4096  # MAX_SLOT_BYTES is a multiple of 4096 too
-    new = st.extra[_key(w.sync_mode)] = ShmWindow(w.local, slot, w.sync_mode)
+    new = st.extra[window_key(w.sync_mode)] = ShmWindow(w.local, slot, w.sync_mode)
     return new

@@ -526,10 +526,10 @@ def _simulate(plat, alg, collective, p, ppn, n, storage, dt, reduction, knobs):
     for rank in range(p):
         st = counting._SimComm(rank, p)
         if shared:  # what node.node_info and shmwindow.window would make (collectively, under MPI)
-            from .shmwindow import _key, SYNC
+            from .shmwindow import SYNC, window_key
 
             st.extra["node"] = info = _Node(rank, p, ppn)
-            st.extra[_key(SYNC)] = _Window(r, barriers[info.node], info.local_size)
+            st.extra[window_key(SYNC)] = _Window(r, barriers[info.node], info.local_size)
         ctx = _Context(st, 0, {}, (collective, alg.name, n, 0))
         ctx.run, ctx.stats = r, r.stats[rank]
         gen = alg.schedule(ctx, *args(rank), **knobs)

@@ -286,3 +286,59 @@ def test_mismatched_counts_raise_on_every_rank(nonblocking):
             np.testing.assert_array_equal(got, np.full(1000, p * (p + 1) / 2, np.float32))
     finally:
         comm.Free()
+
+
+def _kept_shm(comm):
+    return [k for k in state(comm).plans._d.values() if getattr(k, "name", None) == "shm"]
+
+
+def test_direct_calls_meet_schedule_calls():
+    """A kept shm call of one chunk runs in C (shm.direct), the others'
+    through the schedule: ranks of both kinds meet, with the bits of the
+    serial rank-ordered reduction on every rank, then with a MismatchError
+    on every rank when the counts differ (the odd rank's call misses its
+    kept entry and runs the schedule), and the window works afterwards."""
+    comm = MPI.COMM_WORLD.Dup()
+    p, rank = comm.size, comm.rank
+    if node_info(state(comm)).nodes != 1 or p == 1:
+        comm.Free()
+        pytest.skip("needs one node and two ranks")
+    try:
+        same, wrong, runners = IdenticalEverywhere(comm), [], []
+        for n, dtype, op in ((1, "float32", "sum"), (p + 1, "float64", "max"), (4099, "float32", "sum"),
+                             (3000, "float16", "sum"), (20001, "int32", "bxor")):
+            inputs = [exact_values(dtype, op, n, 11 + r) for r in range(p)]
+            if dtype == "float32":  # values whose sum depends on the order
+                inputs = [np.random.default_rng(7 + r).standard_normal(n).astype(np.float32) * (r + 1)
+                          for r in range(p)]
+            want = reference(inputs, op, p).tobytes()
+            for turn in range(p + 1):
+                # Rank `turn` forgets its kept entries: its calls run the schedule
+                # (the last turn: every rank's hit).
+                if turn == rank:
+                    state(comm).plans._d.clear()
+                x = inputs[rank].copy()
+                got = [mpicoll.allreduce(x, op=op, comm=comm, algorithm="shm")]
+                y = x.copy()
+                got.append(mpicoll.allreduce(y, op=op, out=y, comm=comm, algorithm="shm"))
+                # (collected, not asserted here: a rank that stopped would leave the others waiting)
+                wrong += [(n, dtype, op, turn) for g in got if g.tobytes() != want]
+                same.add(*got, what=f"{n} {dtype} {op} turn {turn}")
+            runners += [k.direct for k in _kept_shm(comm) if k.direct is not None]
+        same.check()
+        assert comm.allgather(wrong) == [[]] * p
+        # Every kept call that was hit again has its C runner, and some were.
+        assert comm.allreduce(int(bool(runners) and all(callable(r) for r in runners)), op=MPI.MIN) == 1
+        x = np.ones(1000, np.float32)
+        for _ in range(2):
+            mpicoll.allreduce(x, comm=comm, algorithm="shm")
+        odd = rank == p - 1
+        with pytest.raises(mpicoll.MismatchError) as info:
+            mpicoll.allreduce(np.ones(1001 if odd else 1000, np.float32), comm=comm, algorithm="shm")
+        assert info.value.field == "count"
+        assert info.value.values == {4000: list(range(p - 1)), 4004: [p - 1]}
+        for _ in range(2):
+            got = mpicoll.allreduce(np.full(1000, rank + 1.0, np.float32), comm=comm, algorithm="shm")
+            np.testing.assert_array_equal(got, np.full(1000, p * (p + 1) / 2, np.float32))
+    finally:
+        comm.Free()

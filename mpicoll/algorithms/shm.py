@@ -77,7 +77,9 @@ Limitations:  One node only. On a communicator that spans several nodes
               Calls on one communicator take turns on its window in the
               order they were started (the same on every rank), so several
               nonblocking shm all-reduces may be outstanding at once, but
-              they run one after the other. Nonblocking tests poll the flags
+              they run one after the other. A kept blocking call of one chunk
+              runs all five steps in one C call (``direct``), the
+              others step by step in Python. Nonblocking tests poll the flags
               once (in C); waits wait in C in bounded rounds. The agreement
               covers the ranks of one node: on several nodes
               (hierarchical) a node whose ranks agree among themselves but
@@ -94,7 +96,7 @@ import itertools
 
 from ..registry import get as _get, has, register
 from ..node import node_info
-from ..shmwindow import MAX_SLOT_BYTES, SYNC, grow, signature, window
+from ..shmwindow import MAX_SLOT_BYTES, SYNC, c_signature, grow, signature, window, window_key
 from .common import block_bounds
 
 # Chunk size: measured with sweeps of 1, 4 and 16 MiB chunks
@@ -259,8 +261,37 @@ def check_knob_values(knobs) -> None:
     check_cross(knobs.get("cross"))
 
 
+def direct(st, n, itemsize, red, *, chunk_bytes=CHUNK_BYTES, sync=None, cross=None):
+    """A kept signature's blocking calls in C, when the message is one
+    chunk: ``run(buf, src)`` does steps 1-5 above in one pass
+    (ShmWindow.run_chunk, the same syncs, slots and signature words as the
+    schedule, the GIL released while it waits); the Python of a schedule's
+    steps costs several times what copying and reducing a short message
+    does. None where the schedule always runs the call: several nodes,
+    barrier syncs, an empty message or one longer than a chunk. run()
+    returns False, having done nothing, while the window's slots are too
+    small (the schedule grows them after a sync of its own) or calls are
+    queued on the window (nonblocking ones still in flight)."""
+    if not n or n > min(chunk_bytes, MAX_SLOT_BYTES) // itemsize or (sync or SYNC) != "flags":
+        return None
+    info = node_info(st)
+    if info.nodes > 1:
+        return None
+    nbytes = n * itemsize
+    sig = c_signature(signature(nbytes, red, nbytes))
+    extra, key = st.extra, window_key(SYNC)
+
+    def run(buf, src) -> bool:
+        w = extra.get(key)
+        if w is None or w.slot_bytes < nbytes or extra.get("shm-queue"):
+            return False
+        w.run_chunk(buf, buf if src is None else src, red, sig, info, st)
+        return True
+    return run
+
+
 @register("allreduce", "shm", knobs=("chunk_bytes", "sync", "cross"), prepare=_prepare_shm,
-          check_values=check_knob_values)
+          check_values=check_knob_values, direct=direct)
 def allreduce(ctx, buf, red, src=None, *, chunk_bytes=CHUNK_BYTES, sync=None, cross=None):
     info = node_info(ctx.st)
     if info.nodes > 1:
