@@ -269,9 +269,11 @@ def iallreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", dtype=None
     extra = _dtype_check_key(dtype, check)
     if o is not None and extra is not None and _plain_call(x, algorithm, compression, timeout) \
             and reproducible is False:
-        # allreduce's signature and kept decision (the same for both forms)
+        # allreduce's signature, kept apart from the blocking form's: "auto"
+        # may decide otherwise for a nonblocking call (select: shm's C path
+        # is blocking only)
         mode = _mode(x, out)
-        key = ("allreduce", x.shape, x.dtype, o, algorithm, mode) + extra
+        key = ("iallreduce", x.shape, x.dtype, o, algorithm, mode) + extra
         k = _kept(comm, key)
         if k is not None:
             req = k.start(x, out)

@@ -66,14 +66,16 @@ def _registered(name: str) -> bool:
 @functools.lru_cache(maxsize=4096)
 def allreduce(p: int, nbytes: int, op: str, dtype: str, *, native_dtype: bool = True,
               profile=None, available=None, ranks_per_node: int = 1, nodes: int = 1,
-              link_weights: Optional[tuple] = None, concurrent: int = 1) -> Choice:
+              link_weights: Optional[tuple] = None, concurrent: int = 1, nonblocking: bool = False) -> Choice:
     """The all-reduce algorithm for ``p`` ranks and an ``nbytes`` message.
 
     ``ranks_per_node`` (the largest node) and ``nodes`` describe the layout
     (``mpicoll.node``); the defaults mean "one rank per node".
     ``concurrent``: how many all-reduces of this size share each node's
     link at once (hierarchical's cross communicators: one per local rank);
-    1 for an ordinary call.
+    1 for an ordinary call. ``nonblocking``: the call is an ``i*`` or
+    persistent one (shm's blocking calls have a C path the nonblocking
+    ones lack).
     ``link_weights``: hetero_ring's weights for this communicator's ring
     (a tuple of p numbers, the same on every rank: measured by its
     ``weights="measure"`` or declared by the user), or None when the links
@@ -94,7 +96,7 @@ def allreduce(p: int, nbytes: int, op: str, dtype: str, *, native_dtype: bool = 
     uneven = _uneven_links(p, nbytes, link_weights, available)
     if uneven is not None:
         return uneven
-    shared = _shared_memory_rule(p, nbytes, ranks_per_node, nodes, native_dtype, available)
+    shared = _shared_memory_rule(p, nbytes, ranks_per_node, nodes, native_dtype, available, nonblocking)
     if shared is not None and available(shared.name):
         return shared
     return _default(p, nbytes, dtype, native_dtype, available, ranks_per_node, nodes, concurrent)
@@ -318,6 +320,18 @@ SHM_MIN_RANKS_PER_NODE = 5
 # tie within 10%): shm copies every byte into the window and out again,
 # the ring streams it.
 SHM_MAX_BLOCK_BYTES = 4 << 20
+# ... but a kept *blocking* shm call of one chunk now runs whole in C
+# (shm.direct: no Python per step), and on one node of 2-4 ranks it beat
+# MPI_Allreduce through mpicoll, the compiled ring and the native call from
+# 8 KiB to 4 MiB (`python -m mpicoll.bench.shm`, float32 sum, MPICH, us;
+# p = 2, two runs: 8 KiB shm 6.8-8.7 vs mpi 8.2-10.2 and ring 8.2-10.2;
+# 64 KiB 15.5-22.4 vs 28.4-35.1 and 22.6-27.8; 1 MiB 99-123 vs 176-218 and
+# 122-154; 4 MiB 727-754 vs 744-946 and 827-938; p = 3: 16 KiB - 4 MiB
+# shm 1.5-2.0x faster than the ring, 16 MiB the ring 1.1x; p = 4: 16 KiB -
+# 16 MiB shm 1.1-2.4x faster than both; 4 KiB a tie everywhere).
+# Nonblocking calls keep the rules above: their shm runs the schedule.
+SHM_DIRECT_MIN_BYTES = 8 << 10
+SHM_DIRECT_MAX_BYTES = 4 << 20
 # Across nodes with a dtype MPI cannot reduce (float16, bfloat16: the DDP
 # compression hooks' buckets), the alternative to the two-level algorithm
 # is not MPI_Allreduce but our flat ones, which send the whole vector over
@@ -343,9 +357,14 @@ HIERARCHICAL_MIN_BYTES_NOT_NATIVE = 64 << 10
 CASCADE_OVER_HIERARCHICAL_MIN_BLOCK_BYTES = 16 << 10
 
 
-def _shared_memory_rule(p: int, nbytes: int, ranks_per_node: int, nodes: int, native_dtype: bool, available):
+def _shared_memory_rule(p: int, nbytes: int, ranks_per_node: int, nodes: int, native_dtype: bool, available,
+                        nonblocking: bool = False):
     if ranks_per_node < 2:
         return None
+    if nodes == 1 and not nonblocking and ranks_per_node < SHM_MIN_RANKS_PER_NODE \
+            and SHM_DIRECT_MIN_BYTES <= nbytes <= SHM_DIRECT_MAX_BYTES:
+        return Choice("shm", f"{ranks_per_node} ranks on one node, a blocking call of {SHM_DIRECT_MIN_BYTES}-"
+                             f"{SHM_DIRECT_MAX_BYTES} B: shm's one-chunk call runs whole in C (measured fastest)")
     if nodes == 1 and nbytes >= SHM_MIN_BYTES and ranks_per_node < SHM_MIN_RANKS_PER_NODE:
         return Choice("ring", f"{ranks_per_node} ranks on one node and >= {SHM_MIN_BYTES} B: the compiled "
                               "ring beat shm at every size measured on up to 4 ranks per node")
