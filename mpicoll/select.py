@@ -321,17 +321,18 @@ SHM_MIN_RANKS_PER_NODE = 5
 # the ring streams it.
 SHM_MAX_BLOCK_BYTES = 4 << 20
 # ... but a kept *blocking* shm call of one chunk now runs whole in C
-# (shm.direct: no Python per step), and on one node of 2-4 ranks it beat
-# MPI_Allreduce through mpicoll, the compiled ring and the native call from
-# 8 KiB to 4 MiB (`python -m mpicoll.bench.shm`, float32 sum, MPICH, us;
-# p = 2, two runs: 8 KiB shm 6.8-8.7 vs mpi 8.2-10.2 and ring 8.2-10.2;
-# 64 KiB 15.5-22.4 vs 28.4-35.1 and 22.6-27.8; 1 MiB 99-123 vs 176-218 and
-# 122-154; 4 MiB 727-754 vs 744-946 and 827-938; p = 3: 16 KiB - 4 MiB
-# shm 1.5-2.0x faster than the ring, 16 MiB the ring 1.1x; p = 4: 16 KiB -
-# 16 MiB shm 1.1-2.4x faster than both; 4 KiB a tie everywhere).
+# (shm.direct: no Python per step). On one node it beat MPI_Allreduce
+# through mpicoll, the compiled ring and the native call in these ranges
+# (float32 sum, MPICH, median us; `python -m mpicoll.bench allreduce --mode
+# out --stat median --repeat 5 --algorithms shm,ring,mpi`, two runs at p=2):
+# p=2: 8 KiB shm 7.0-11.1 vs ring 8.7-12.0, mpi 8.7-12.0; 16-64 KiB shm
+# 8.3-15.6 vs 15.7-23.1 and 16.8-29.1; 128 KiB once each way (24 vs 32, 72
+# vs 62), 256 KiB - 1 MiB the ring (105 vs 127, 357 vs 520). p=3 (three
+# ranks on two cores): 16 KiB - 4 MiB shm 42-1846 vs ring 52-2355 (1 MiB
+# 239 vs 475). p=4: 16 KiB - 4 MiB shm 45-2986 vs ring 73-3309, mpi 81-5020;
+# at 8 KiB mpi (58 vs 74). ranks per node -> (from, to) bytes.
 # Nonblocking calls keep the rules above: their shm runs the schedule.
-SHM_DIRECT_MIN_BYTES = 8 << 10
-SHM_DIRECT_MAX_BYTES = 4 << 20
+SHM_DIRECT_RANGE = {2: (8 << 10, 64 << 10), 3: (16 << 10, 4 << 20), 4: (16 << 10, 4 << 20)}
 # Across nodes with a dtype MPI cannot reduce (float16, bfloat16: the DDP
 # compression hooks' buckets), the alternative to the two-level algorithm
 # is not MPI_Allreduce but our flat ones, which send the whole vector over
@@ -361,10 +362,10 @@ def _shared_memory_rule(p: int, nbytes: int, ranks_per_node: int, nodes: int, na
                         nonblocking: bool = False):
     if ranks_per_node < 2:
         return None
-    if nodes == 1 and not nonblocking and ranks_per_node < SHM_MIN_RANKS_PER_NODE \
-            and SHM_DIRECT_MIN_BYTES <= nbytes <= SHM_DIRECT_MAX_BYTES:
-        return Choice("shm", f"{ranks_per_node} ranks on one node, a blocking call of {SHM_DIRECT_MIN_BYTES}-"
-                             f"{SHM_DIRECT_MAX_BYTES} B: shm's one-chunk call runs whole in C (measured fastest)")
+    direct = SHM_DIRECT_RANGE.get(ranks_per_node) if nodes == 1 and not nonblocking else None
+    if direct is not None and direct[0] <= nbytes <= direct[1]:
+        return Choice("shm", f"{ranks_per_node} ranks on one node, a blocking call of {direct[0]}-{direct[1]} B: "
+                             "shm's one-chunk call runs whole in C (measured fastest there)")
     if nodes == 1 and nbytes >= SHM_MIN_BYTES and ranks_per_node < SHM_MIN_RANKS_PER_NODE:
         return Choice("ring", f"{ranks_per_node} ranks on one node and >= {SHM_MIN_BYTES} B: the compiled "
                               "ring beat shm at every size measured on up to 4 ranks per node")

@@ -31,15 +31,18 @@ def test_layout_defaults_keep_the_old_decision():
 
 
 def test_one_node_blocking_calls_take_shm_in_c_from_8_kib_on_up_to_four_ranks():
-    lo, hi = select.SHM_DIRECT_MIN_BYTES, select.SHM_DIRECT_MAX_BYTES
-    for k in range(2, select.SHM_MIN_RANKS_PER_NODE):
-        for nbytes, want in ((lo - 1, "mpi"), (lo, "shm"), (1 << 20, "shm"), (hi, "shm"), (hi + 1, "ring")):
+    assert sorted(select.SHM_DIRECT_RANGE) == [2, 3, 4]
+    for k, (lo, hi) in select.SHM_DIRECT_RANGE.items():
+        after = "ring" if hi >= select.SHM_MIN_BYTES else "mpi"
+        for nbytes, want in ((lo - 1, "mpi"), (lo, "shm"), ((lo + hi) // 2, "shm"), (hi, "shm"), (hi + 1, after)):
             assert select.allreduce(k, nbytes, "sum", "float32", ranks_per_node=k, nodes=1).name == want, (k, nbytes)
         assert select.allreduce(k, lo, "sum", "bfloat16", native_dtype=False, ranks_per_node=k).name == "shm"
         # nonblocking calls run shm's schedule, step by step in Python: the rules below
         assert select.allreduce(k, lo, "sum", "float32", ranks_per_node=k, nodes=1, nonblocking=True).name == "mpi"
-        assert select.allreduce(k, hi, "sum", "float32", ranks_per_node=k, nodes=1, nonblocking=True).name == "ring"
+    assert select.allreduce(3, 4 << 20, "sum", "float32", ranks_per_node=3, nodes=1, nonblocking=True).name == "ring"
+    assert select.allreduce(2, 1 << 20, "sum", "float32", ranks_per_node=2, nodes=1).name == "ring"
     # not on several nodes, nor with one rank per node
+    lo = select.SHM_DIRECT_RANGE[2][0]
     assert select.allreduce(4, lo, "sum", "float32", ranks_per_node=2, nodes=2).name != "shm"
     assert select.allreduce(4, lo, "sum", "float32", ranks_per_node=1, nodes=4).name != "shm"
 
