@@ -351,11 +351,13 @@ def reduce_init(x, op="sum", root=0, *, comm=None, out=None, algorithm="auto", d
 
 # ---- explain -----------------------------------------------------------------------
 
-def explain(nbytes: int, *, comm=None, op="sum", dtype="float32") -> select.Choice:
+def explain(nbytes: int, *, comm=None, op="sum", dtype="float32", nonblocking=False) -> select.Choice:
     """Which all-reduce algorithm "auto" picks for an ``nbytes`` message, and why
     (forced by the environment, a tuning profile's entry or model, or the
-    fixed defaults: the reason says which). Collective on a communicator's
-    first use (it settles the profile and layout every rank agrees on)."""
+    fixed defaults: the reason says which); ``nonblocking=True``: for
+    ``iallreduce`` and ``allreduce_init`` (shm's C path is blocking only).
+    Collective on a communicator's first use (it settles the profile and
+    layout every rank agrees on)."""
     from . import dtypes as _dtypes
     from .comm import state
     from .mpitypes import reduces_natively
@@ -374,7 +376,7 @@ def explain(nbytes: int, *, comm=None, op="sum", dtype="float32") -> select.Choi
             return _hand_off(select.Choice(forced, f"forced by {ENV_ALGORITHM}"), st, int(nbytes), dt, o)
     c = select.allreduce(st.size, int(nbytes), o.name, dt.name, native_dtype=reduces_natively(dt, o),
                          profile=st.profile, ranks_per_node=st.ranks_per_node, nodes=st.nodes,
-                         link_weights=st.extra.get("hetero_ring"))
+                         link_weights=st.extra.get("hetero_ring"), nonblocking=bool(nonblocking))
     if st.profile_note:
         c = c._replace(reason=f"{c.reason} ({st.profile_note})")
     return _hand_off(c, st, int(nbytes), dt, o)

@@ -342,3 +342,26 @@ def test_direct_calls_meet_schedule_calls():
             np.testing.assert_array_equal(got, np.full(1000, p * (p + 1) / 2, np.float32))
     finally:
         comm.Free()
+
+
+def test_explain_tells_blocking_from_nonblocking():
+    """On one node of 2-4 ranks auto takes shm's C path for a blocking 16 KiB
+    call, and a nonblocking one keeps the library's algorithm; explain says
+    both, and the calls follow it (their kept entries name it)."""
+    comm = MPI.COMM_WORLD.Dup()
+    try:
+        st = state(comm)
+        k = comm.size
+        if node_info(st).nodes != 1 or k not in (2, 3, 4):
+            pytest.skip("one node of 2-4 ranks")
+        blocking = mpicoll.explain(16384, comm=comm)
+        nonblocking = mpicoll.explain(16384, comm=comm, nonblocking=True)
+        assert (blocking.name, nonblocking.name) == ("shm", "mpi"), (blocking, nonblocking)
+        x = np.full(4096, comm.rank + 1.0, np.float32)
+        want = np.full(4096, k * (k + 1) / 2, np.float32)
+        np.testing.assert_array_equal(mpicoll.allreduce(x, comm=comm), want)
+        np.testing.assert_array_equal(mpicoll.iallreduce(x, comm=comm).wait(), want)
+        names = sorted((key[0], kept.name) for key, kept in st.plans._d.items())
+        assert names == [("allreduce", "shm"), ("iallreduce", "mpi")], names
+    finally:
+        comm.Free()
