@@ -85,17 +85,18 @@ int mpicoll_flag_wait(const char *base, size_t stride, int k, int64_t value, int
  * and ranks running the schedule meet), resumable at its two syncs:
  *   stage 0: copy the input into this rank's slot (every slice but its
  *            own), write the call's signature (sig_words words at word
- *            sig_at of this rank's flag slot), store sync number epoch,
- *            wait for every rank to reach it;
- *   stage 1: compare every rank's signature with sig; reduce this rank's
- *            slice from every rank's slot (its own input for its own
- *            slice) in rank order into its slot; store epoch + 1, wait;
- *   stage 2: copy every rank's reduced slice from its slot into buf.
+ *            sig_at of this rank's flag slot), store sync number epoch;
+ *   stage 1: wait for every rank to reach epoch; compare every rank's
+ *            signature with sig; reduce this rank's slice from every
+ *            rank's slot (its own input for its own slice) in rank order
+ *            into its slot; store epoch + 1;
+ *   stage 2: wait for every rank to reach epoch + 1; copy every rank's
+ *            reduced slice from its slot into buf.
  * slots[q] is rank q's slot of this call's turn; the n elements are split
  * into k slices as np.array_split does; own is the input (buf when in
  * place); srcs has room for k pointers. Each wait spins, yields, sleeps
- * as mpicoll_flag_wait for at most budget_ns; returns the stage to resume
- * at (1 or 2) when that ran out, 0 when the call is complete,
+ * as mpicoll_flag_wait for at most budget_ns (0: test once); returns the
+ * stage to resume at (1 or 2) when that ran out, 0 when the call is complete,
  * MPICOLL_SHM_EMISMATCH when the signatures differ (nothing reduced, no
  * second sync), or a kernel status (< 0) from the reduction. */
 enum mpicoll_shm_status { MPICOLL_SHM_EMISMATCH = -100 };

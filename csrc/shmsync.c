@@ -122,12 +122,14 @@ int mpicoll_shm_allreduce(char *const *slots, int k, int me, char *buf, const ch
         for (int i = 0; i < sig_words; i++)
             my_flag[sig_at + i] = sig[i];
         mpicoll_flag_set(my_flag, epoch);
-        if (!mpicoll_flag_wait(flags, stride, k, epoch, spins, yield_ns, budget_ns))
-            return 1;
         stage = 1;
     }
     if (stage == 1) {
-        /* The wait's acquire loads made the peers' signatures visible. */
+        /* Every stage starts by waiting for its sync (again, when a call
+         * comes back after the budget ran out): its acquire loads make the
+         * peers' signatures and slots visible. */
+        if (!mpicoll_flag_wait(flags, stride, k, epoch, spins, yield_ns, budget_ns))
+            return 1;
         for (int q = 0; q < k; q++) {
             const int64_t *theirs = (const int64_t *)(flags + (size_t)q * stride) + sig_at;
             for (int i = 0; i < sig_words; i++)
@@ -142,9 +144,10 @@ int mpicoll_shm_allreduce(char *const *slots, int k, int me, char *buf, const ch
                 return rc;
         }
         mpicoll_flag_set(my_flag, epoch + 1);
-        if (!mpicoll_flag_wait(flags, stride, k, epoch + 1, spins, yield_ns, budget_ns))
-            return 2;
+        stage = 2;
     }
+    if (!mpicoll_flag_wait(flags, stride, k, epoch + 1, spins, yield_ns, budget_ns))
+        return 2;
     for (int q = 0; q < k; q++) {
         const size_t qa = (size_t)slice_start(n, k, q), qb = (size_t)slice_start(n, k, q + 1);
         memcpy(buf + qa * itemsize, slots[q] + qa * itemsize, (qb - qa) * itemsize);

@@ -727,6 +727,14 @@ def claim_alone(req: Request) -> bool:
         return True
 
 
+def unclaim(req: Request) -> None:
+    """Give a request claimed by claim_alone back to the engine, still
+    pending (its caller was interrupted: Ctrl-C while a peer was late)."""
+    with _engine.lock:
+        if not req._finished and req not in _engine.active:
+            _engine.active.append(req)
+
+
 def finish_claimed(req: Request, settle, outcome) -> None:
     """End a request claimed by claim_alone: ``settle(outcome)`` under the
     lock (it ends or fails the request), then its callbacks."""

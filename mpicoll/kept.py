@@ -262,6 +262,12 @@ class KeptAllreduce(_Kept):
         if st.size == 1:
             return self._plan(x, out, None).start()
         if self.datatype is None:
+            if self.entry.direct is not None:  # the algorithm's own C path (shm), where it takes the call
+                run = self.direct
+                if run is None:
+                    run = self._direct(x)
+                req = self._start_direct(run, x, out) if run else None
+                return req if req is not None else self._plan(x, out, None).start()
             # Nonblocking: the executor only for short messages. Measured
             # (docs/results/compiled-executor.md): from 1 MiB the generator
             # under the progress thread overlapped numpy compute far better
@@ -289,6 +295,21 @@ class KeptAllreduce(_Kept):
         else:
             finish = None
         return engine.start_native(req, out, finish, x.nbytes, st, keep=(x, out))
+
+    def _start_direct(self, run, x, out):
+        """The direct runner's request, or None when it declines the call
+        now (then the schedule runs it: nothing was numbered)."""
+        st, red = self.st, self.red
+        flat, size = out.reshape(-1), st.size
+        finish = (lambda: red.finish(flat, size)) if self.avg else None
+        enter(st)
+        try:
+            if not run.ready():
+                return None
+            st.next_seq()
+            return run.start(flat, None if out is x else x.reshape(-1), out, finish)
+        finally:
+            st.busy.release()
 
     def _start_compiled(self, exe, x, out):
         st, red = self.st, self.red

@@ -22,6 +22,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import dtypes as _dtypes
+from . import engine
 from . import ops as _ops
 from ._kernels import ffi, lib
 from .errors import MismatchError
@@ -155,40 +156,33 @@ class ShmWindow:
             return
         raise _mismatch(np.array(seen, np.int64), info, ctx)
 
-    def run_chunk(self, buf, own, red, sig, info, st) -> None:
-        # sig: the call's signature as c_signature() gives it
-        """The shm schedule's steps for a message of one chunk, in C
-        (csrc/shmsync.c, mpicoll_shm_allreduce), blocking: the same slot,
-        syncs and signature words as the schedule's (a rank running this
-        meets ranks running the schedule), and the same turn and counts
-        afterwards. The caller has checked that the message fits a slot
-        and that no earlier call is queued on the window. A wait that
-        outlasts ROUND_S goes on in wait_flags, where Ctrl-C is seen.
-        MismatchError as verify raises it; ``st``: the communicator's
-        state (the rank and call number the error names)."""
+    def chunk(self, buf, own, red, sig) -> "_Chunk":
+        """One call of one chunk through csrc/shmsync.c's
+        mpicoll_shm_allreduce: the shm schedule's steps 1-5 with the same
+        slot, syncs and signature words (a rank running it meets ranks
+        running the schedule), and the same turn and counts afterwards.
+        ``sig``: the call's signature as c_signature() gives it. The caller
+        has checked that the message fits a slot and that no earlier call
+        is queued on the window."""
         if self._c_slots is None:
             self._c_slots = [ffi.new("char *[]", [ffi.from_buffer(v) for v in self.slots(np.uint8)[s]])
                              for s in (0, 1)]
-        self.checks += 1
-        lo = 1 + (self.checks & 1) * SIG_WORDS  # (_sig_words)
-        first = self.epoch + 1
-        self.epoch = first
-        slots, k, flags, srcs = self._c_slots[self.turn], self.k, self._flags, self._c_srcs
-        c_buf = ffi.from_buffer(buf, require_writable=True)
-        c_own = c_buf if own is buf else ffi.from_buffer(own)
-        n, size, op, dt = buf.size, buf.itemsize, red._opcode, red._dtcode
-        rc = lib.mpicoll_shm_allreduce(slots, k, self.me, c_buf, c_own, n, size, op, dt, flags, FLAG_STRIDE,
-                                       first, sig, lo, SIG_WORDS, 0, SPINS, _YIELD_NS, _ROUND_NS, srcs)
-        while rc > 0:  # a peer is late: wait with the GIL back between rounds, then go on from that sync
-            wait_flags(flags, k, first + rc - 1)
-            rc = lib.mpicoll_shm_allreduce(slots, k, self.me, c_buf, c_own, n, size, op, dt, flags, FLAG_STRIDE,
-                                           first, sig, lo, SIG_WORDS, rc, 0, 0, _ROUND_NS, srcs)
-        if rc == lib.MPICOLL_SHM_EMISMATCH:
-            raise _mismatch(self._slots[:, lo:lo + SIG_WORDS].copy(), info, _Where(st, n * size))
-        self.turn ^= 1  # the signatures agreed: the schedule turns here too
-        if rc:
-            raise RuntimeError(f"mpicoll: the shared-memory reduction kernel refused its arguments (status {rc})")
-        self.epoch = first + 1
+        return _Chunk(self, buf, own, red, sig)
+
+    def run_chunk(self, buf, own, red, sig, info, st) -> None:
+        """chunk(), blocking: the first pass waits up to ROUND_S at each
+        sync in C; a peer later than that is waited for in wait_flags
+        (Ctrl-C is seen there), then the call goes on from that sync.
+        MismatchError as verify raises it (``st``: the communicator's
+        state, for the rank and call number it names)."""
+        call = self.chunk(buf, own, red, sig)
+        rc = call.step(0, SPINS, _ROUND_NS)
+        while rc > 0:
+            wait_flags(self._flags, self.k, call.first + rc - 1)
+            rc = call.step(rc, 0, _ROUND_NS)
+        err = call.end(rc, info, st)
+        if err is not None:
+            raise err
 
     def _ibarrier(self):
         self.win.Sync()
@@ -212,12 +206,112 @@ class ShmWindow:
 _YIELD_NS, _ROUND_NS = int(YIELD_S * 1e9), int(ROUND_S * 1e9)
 
 
+class _Chunk:
+    """One one-chunk call in C (ShmWindow.chunk): ``step`` runs it from a
+    stage (0, or the sync it stopped at) for at most ``budget_ns`` at each
+    sync; ``end`` settles the window's turn and counts and gives the
+    error, if any."""
+
+    __slots__ = ("w", "buf", "own", "c_buf", "c_own", "n", "size", "op", "dt", "sig", "lo", "first", "slots")
+
+    def __init__(self, w, buf, own, red, sig):
+        self.w, self.sig = w, sig
+        self.buf, self.own = buf, own  # (the arrays the pointers point into)
+        self.c_buf = ffi.from_buffer(buf, require_writable=True)
+        self.c_own = self.c_buf if own is buf else ffi.from_buffer(own)
+        self.n, self.size, self.op, self.dt = buf.size, buf.itemsize, red._opcode, red._dtcode
+        w.checks += 1
+        self.lo = 1 + (w.checks & 1) * SIG_WORDS  # (ShmWindow._sig_words)
+        self.first = w.epoch + 1
+        w.epoch = self.first  # the first sync is posted by the first step
+        self.slots = w._c_slots[w.turn]
+
+    def step(self, stage: int, spins: int, budget_ns: int) -> int:
+        w = self.w
+        return lib.mpicoll_shm_allreduce(self.slots, w.k, w.me, self.c_buf, self.c_own, self.n, self.size, self.op,
+                                         self.dt, w._flags, FLAG_STRIDE, self.first, self.sig, self.lo, SIG_WORDS,
+                                         stage, spins, _YIELD_NS, budget_ns, w._c_srcs)
+
+    def end(self, rc: int, info, st):
+        """After the last step (``rc`` <= 0): None, or the exception."""
+        w = self.w
+        if rc == lib.MPICOLL_SHM_EMISMATCH:
+            return _mismatch(w._slots[:, self.lo:self.lo + SIG_WORDS].copy(), info, _Where(st, self.n * self.size))
+        w.turn ^= 1  # the signatures agreed: the schedule turns here too
+        if rc:
+            return RuntimeError(f"mpicoll: the shared-memory reduction kernel refused its arguments (status {rc})")
+        w.epoch = self.first + 1
+        return None
+
+
 class _Where:
     """What a MismatchError names of a call run without a schedule context
     (ShmWindow.run_chunk): its info and rank, as a context has them."""
 
     def __init__(self, st, nbytes):
         self.info, self.rank = ("allreduce", "shm", nbytes, st.seq - 1), st.rank
+
+
+class ChunkRequest(engine.Request):
+    """A one-chunk call (ShmWindow.chunk) in flight, nonblocking: each pass
+    (the start, then the engine's progress: test(), wait(), the progress
+    thread) runs it in C from the sync it stopped at, testing each sync
+    once. It holds ``ticket`` in the window's queue until it ends, so
+    that the calls started after it wait their turn, as behind a
+    schedule's call."""
+
+    def __init__(self, call, queue, ticket, info, result, finish, st):
+        super().__init__(result, None, finish, None, st)
+        self._call, self._queue, self._ticket, self._info = call, queue, ticket, info
+        self._stage = 0
+        self._comm_state = st  # (the engine's _st is released at completion; the error names it)
+
+    def _pass(self) -> int:
+        """One pass: 1 if it reached another sync, 0 if not, -1 once finished."""
+        rc = self._call.step(self._stage, 0, 0)
+        if rc > 0:
+            moved, self._stage = rc != self._stage, rc
+            return int(moved)
+        self._settle_rc(rc)
+        return -1
+
+    def _settle_rc(self, rc) -> None:
+        err = self._call.end(rc, self._info, self._comm_state)  # the turn and counts first,
+        self._queue.remove(self._ticket)  # then the next call's turn
+        if err is None:
+            self._end()
+        else:
+            self._fail(err)
+
+    def wait(self):
+        if not self._seen_done() and engine.claim_alone(self):
+            # Nothing else in flight: finish as a blocking call does, waiting
+            # in C with the GIL released (the engine's polling from Python
+            # costs a core that a peer sharing it needs).
+            try:
+                rc = self._call.step(self._stage, SPINS, _ROUND_NS)
+                while rc > 0:
+                    self._stage = rc
+                    wait_flags(self._call.w._flags, self._call.w.k, self._call.first + rc - 1)
+                    rc = self._call.step(rc, 0, _ROUND_NS)
+            except BaseException:  # Ctrl-C while a peer is late: back to the engine, still pending
+                engine.unclaim(self)
+                raise
+            engine.finish_claimed(self, self._settle_rc, rc)
+        else:
+            engine._engine.wait(self)
+        self._raise()
+        return self.result
+
+    # ---- called with the engine lock held ----
+    def _start(self) -> None:
+        self._pass()
+
+    def _advance(self) -> int:
+        return -1 if self._finished else self._pass()
+
+    def __repr__(self):
+        return f"<mpicoll shm request {'complete' if self.done else 'pending'}>"
 
 
 class _FlagSync:

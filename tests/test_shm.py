@@ -293,8 +293,8 @@ def _kept_shm(comm):
 
 
 def test_direct_calls_meet_schedule_calls():
-    """A kept shm call of one chunk runs in C (shm.direct), the others'
-    through the schedule: ranks of both kinds meet, with the bits of the
+    """A kept shm call of one chunk runs in C (shm.direct), blocking or
+    not, the others' through the schedule: ranks of both kinds meet, with the bits of the
     serial rank-ordered reduction on every rank, then with a MismatchError
     on every rank when the counts differ (the odd rank's call misses its
     kept entry and runs the schedule), and the window works afterwards."""
@@ -321,6 +321,11 @@ def test_direct_calls_meet_schedule_calls():
                 got = [mpicoll.allreduce(x, op=op, comm=comm, algorithm="shm")]
                 y = x.copy()
                 got.append(mpicoll.allreduce(y, op=op, out=y, comm=comm, algorithm="shm"))
+                # nonblocking: one alone (its wait finishes it in C), then three
+                # outstanding (the first in C, the others queued behind it)
+                got.append(mpicoll.iallreduce(x, op=op, comm=comm, algorithm="shm").wait())
+                reqs = [mpicoll.iallreduce(x, op=op, comm=comm, algorithm="shm") for _ in range(3)]
+                got += [q.wait() for q in reqs[::-1]]
                 # (collected, not asserted here: a rank that stopped would leave the others waiting)
                 wrong += [(n, dtype, op, turn) for g in got if g.tobytes() != want]
                 same.add(*got, what=f"{n} {dtype} {op} turn {turn}")
@@ -333,10 +338,13 @@ def test_direct_calls_meet_schedule_calls():
         for _ in range(2):
             mpicoll.allreduce(x, comm=comm, algorithm="shm")
         odd = rank == p - 1
-        with pytest.raises(mpicoll.MismatchError) as info:
-            mpicoll.allreduce(np.ones(1001 if odd else 1000, np.float32), comm=comm, algorithm="shm")
-        assert info.value.field == "count"
-        assert info.value.values == {4000: list(range(p - 1)), 4004: [p - 1]}
+        for _ in range(2):
+            mpicoll.iallreduce(x, comm=comm, algorithm="shm").wait()
+        for door in (mpicoll.allreduce, lambda *a, **k: mpicoll.iallreduce(*a, **k).wait()):
+            with pytest.raises(mpicoll.MismatchError) as info:
+                door(np.ones(1001 if odd else 1000, np.float32), comm=comm, algorithm="shm")
+            assert info.value.field == "count"
+            assert info.value.values == {4000: list(range(p - 1)), 4004: [p - 1]}
         for _ in range(2):
             got = mpicoll.allreduce(np.full(1000, rank + 1.0, np.float32), comm=comm, algorithm="shm")
             np.testing.assert_array_equal(got, np.full(1000, p * (p + 1) / 2, np.float32))

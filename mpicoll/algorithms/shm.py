@@ -96,7 +96,8 @@ import itertools
 
 from ..registry import get as _get, has, register
 from ..node import node_info
-from ..shmwindow import MAX_SLOT_BYTES, SYNC, c_signature, grow, signature, window, window_key
+from .. import engine
+from ..shmwindow import MAX_SLOT_BYTES, SYNC, ChunkRequest, c_signature, grow, signature, window, window_key
 from .common import block_bounds
 
 # Chunk size: measured with sweeps of 1, 4 and 16 MiB chunks
@@ -262,32 +263,61 @@ def check_knob_values(knobs) -> None:
 
 
 def direct(st, n, itemsize, red, *, chunk_bytes=CHUNK_BYTES, sync=None, cross=None):
-    """A kept signature's blocking calls in C, when the message is one
-    chunk: ``run(buf, src)`` does steps 1-5 above in one pass
-    (ShmWindow.run_chunk, the same syncs, slots and signature words as the
-    schedule, the GIL released while it waits); the Python of a schedule's
-    steps costs several times what copying and reducing a short message
-    does. None where the schedule always runs the call: several nodes,
-    barrier syncs, an empty message or one longer than a chunk. run()
-    returns False, having done nothing, while the window's slots are too
-    small (the schedule grows them after a sync of its own) or calls are
-    queued on the window (nonblocking ones still in flight)."""
+    """A kept signature's calls in C, when the message is one chunk: a
+    ``_Direct`` whose call (blocking) and ``start`` (nonblocking) do steps
+    1-5 above through ShmWindow.chunk, with the same syncs, slots and
+    signature words as the schedule; the Python of a schedule's steps costs
+    several times what copying and reducing a short message does. None
+    where the schedule always runs the call: several nodes, barrier syncs,
+    an empty message or one longer than a chunk."""
     if not n or n > min(chunk_bytes, MAX_SLOT_BYTES) // itemsize or (sync or SYNC) != "flags":
         return None
     info = node_info(st)
     if info.nodes > 1:
         return None
-    nbytes = n * itemsize
-    sig = c_signature(signature(nbytes, red, nbytes))
-    extra, key = st.extra, window_key(SYNC)
+    return _Direct(st, info, n * itemsize, red)
 
-    def run(buf, src) -> bool:
-        w = extra.get(key)
-        if w is None or w.slot_bytes < nbytes or extra.get("shm-queue"):
+
+class _Direct:
+    """shm.direct's runner for one signature. Each form declines (False,
+    None), having done nothing, while the window's slots are too small
+    (the schedule grows them after a sync of its own) or calls are queued
+    on the window (nonblocking ones in flight): the schedule runs those."""
+
+    __slots__ = ("st", "info", "nbytes", "red", "sig", "extra", "key")
+
+    def __init__(self, st, info, nbytes, red):
+        self.st, self.info, self.nbytes, self.red = st, info, nbytes, red
+        self.sig = c_signature(signature(nbytes, red, nbytes))
+        self.extra, self.key = st.extra, window_key(SYNC)
+
+    def _window(self):
+        w = self.extra.get(self.key)
+        if w is None or w.slot_bytes < self.nbytes or self.extra.get("shm-queue"):
+            return None
+        return w
+
+    def __call__(self, buf, src) -> bool:
+        """Blocking: the whole call in C (False: left to the schedule)."""
+        w = self._window()
+        if w is None:
             return False
-        w.run_chunk(buf, buf if src is None else src, red, sig, info, st)
+        w.run_chunk(buf, buf if src is None else src, self.red, self.sig, self.info, self.st)
         return True
-    return run
+
+    def ready(self) -> bool:
+        """Whether start() would take the call now."""
+        return self._window() is not None
+
+    def start(self, buf, src, result, finish):
+        """Nonblocking, after ready(): the call as an engine request
+        (ShmWindow's ChunkRequest), its first pass made."""
+        w = self._window()
+        st = self.st
+        queue, ticket = _queue(st), next(_tickets)
+        queue.append(ticket)
+        call = w.chunk(buf, buf if src is None else src, self.red, self.sig)
+        return engine.submit(ChunkRequest(call, queue, ticket, self.info, result, finish, st), self.nbytes)
 
 
 @register("allreduce", "shm", knobs=("chunk_bytes", "sync", "cross"), prepare=_prepare_shm,
