@@ -39,9 +39,13 @@ class Persistent:
         self._finish = _then(plan.native.after, plan.finish) if self._mpi is not None else None
         # A compilable schedule is recorded once, here, and every start runs
         # the recording in the C executor (executor.py).
-        self._exe = self._kit = None
+        self._exe = self._kit = self._direct = None
         rec = plan.recordable
-        if self._mpi is None and rec is not None and plan.st.size > 1 and _executor.enabled() \
+        if self._mpi is None and rec is not None and plan.st.size > 1 and rec[0].direct is not None:
+            # The algorithm's own C path (shm's one-chunk call), at each start where it takes the call.
+            entry, buf, red, src, knobs = rec
+            self._direct = entry.direct(plan.st, buf.size, buf.itemsize, red, **knobs)
+        elif self._mpi is None and rec is not None and rec[0].compilable and plan.st.size > 1 and _executor.enabled() \
                 and plan.nbytes < engine.WAKE_MIN_BYTES:  # (long ones overlap better on the generator: see start)
             entry, buf, red, src, knobs = rec
             try:
@@ -106,8 +110,26 @@ class Persistent:
             finally:
                 st.busy.release()
         else:
-            self._req = plan.start(self._pool)
+            self._req = self._start_direct() if self._direct is not None else None
+            if self._req is None:
+                self._req = plan.start(self._pool)
         self._active = True
+
+    def _start_direct(self):
+        """The direct runner's request, or None when it declines this start
+        (then the schedule runs it: nothing was numbered)."""
+        plan = self._plan
+        st = plan.st
+        enter(st)
+        try:
+            if not self._direct.ready():
+                return None
+            plan.inputs()
+            st.next_seq()
+            _, buf, _, src, _ = plan.recordable
+            return self._direct.start(buf, src, plan.result, plan.finish)
+        finally:
+            st.busy.release()
 
     def wait(self):
         if not self._active:

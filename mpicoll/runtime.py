@@ -73,8 +73,9 @@ class Plan:
         # (set by the builders whose call it can serve; the front door files
         # it under the call's signature), or None.
         self.kept = None
-        # (entry, buf, red, src, knobs) of a compilable all-reduce schedule:
-        # what a persistent request records once for the C executor.
+        # (entry, buf, red, src, knobs) of an all-reduce schedule that is
+        # compilable or has a direct runner (registry): what a persistent
+        # request records once for the C executor, or runs through the runner.
         self.recordable = None
 
     def _context(self, pool):

@@ -74,8 +74,8 @@ def allreduce(p: int, nbytes: int, op: str, dtype: str, *, native_dtype: bool = 
     ``concurrent``: how many all-reduces of this size share each node's
     link at once (hierarchical's cross communicators: one per local rank);
     1 for an ordinary call. ``nonblocking``: the call is an ``i*`` or
-    persistent one (shm's blocking calls have a C path the nonblocking
-    ones lack).
+    persistent one (measured apart: shm's C path serves both forms, the
+    others' nonblocking forms cost differently).
     ``link_weights``: hetero_ring's weights for this communicator's ring
     (a tuple of p numbers, the same on every rank: measured by its
     ``weights="measure"`` or declared by the user), or None when the links
@@ -331,8 +331,17 @@ SHM_MAX_BLOCK_BYTES = 4 << 20
 # ranks on two cores): 16 KiB - 4 MiB shm 42-1846 vs ring 52-2355 (1 MiB
 # 239 vs 475). p=4: 16 KiB - 4 MiB shm 45-2986 vs ring 73-3309, mpi 81-5020;
 # at 8 KiB mpi (58 vs 74). ranks per node -> (from, to) bytes.
-# Nonblocking calls keep the rules above: their shm runs the schedule.
 SHM_DIRECT_RANGE = {2: (8 << 10, 64 << 10), 3: (16 << 10, 4 << 20), 4: (16 << 10, 4 << 20)}
+# Nonblocking and persistent calls (shm's C path runs them too, a sync
+# tested per pass) against the others' nonblocking forms: `iallreduce(x,
+# out=y, algorithm=A).wait()`, median of 5 interleaved rounds, slowest
+# rank, float32, us (p = 2 / 3 / 4): 16 KiB shm 18.8 / 58.1 / 88.3 vs ring
+# 26.3 / 65.0 / 121.8, mpi 31.3 / 100.2 / 127.1; 64 KiB shm 50.5 / 158 /
+# 184 vs mpi 44.0 / 197 / 294 (the generator ring, woken thread, 405-2004);
+# 1 MiB shm 185 / 886 / 1108 vs mpi 260 / 1804 / 1654, ring 583-3467; 4 MiB
+# shm 958 / 2243 / 3235 vs mpi 1237 / 5496 / 6156; 8 KiB a tie at p = 2
+# and 4 (18.4 vs 15.5-17.8, 65.5 vs 71.2).
+SHM_DIRECT_RANGE_NONBLOCKING = {2: (16 << 10, 4 << 20), 3: (16 << 10, 4 << 20), 4: (16 << 10, 4 << 20)}
 # Across nodes with a dtype MPI cannot reduce (float16, bfloat16: the DDP
 # compression hooks' buckets), the alternative to the two-level algorithm
 # is not MPI_Allreduce but our flat ones, which send the whole vector over
@@ -362,10 +371,11 @@ def _shared_memory_rule(p: int, nbytes: int, ranks_per_node: int, nodes: int, na
                         nonblocking: bool = False):
     if ranks_per_node < 2:
         return None
-    direct = SHM_DIRECT_RANGE.get(ranks_per_node) if nodes == 1 and not nonblocking else None
+    ranges = SHM_DIRECT_RANGE_NONBLOCKING if nonblocking else SHM_DIRECT_RANGE
+    direct = ranges.get(ranks_per_node) if nodes == 1 else None
     if direct is not None and direct[0] <= nbytes <= direct[1]:
-        return Choice("shm", f"{ranks_per_node} ranks on one node, a blocking call of {direct[0]}-{direct[1]} B: "
-                             "shm's one-chunk call runs whole in C (measured fastest there)")
+        return Choice("shm", f"{ranks_per_node} ranks on one node, a {'non' if nonblocking else ''}blocking call of "
+                             f"{direct[0]}-{direct[1]} B: shm's one-chunk call runs in C (measured fastest there)")
     if nodes == 1 and nbytes >= SHM_MIN_BYTES and ranks_per_node < SHM_MIN_RANKS_PER_NODE:
         return Choice("ring", f"{ranks_per_node} ranks on one node and >= {SHM_MIN_BYTES} B: the compiled "
                               "ring beat shm at every size measured on up to 4 ranks per node")

@@ -37,9 +37,11 @@ def test_one_node_blocking_calls_take_shm_in_c_from_8_kib_on_up_to_four_ranks():
         for nbytes, want in ((lo - 1, "mpi"), (lo, "shm"), ((lo + hi) // 2, "shm"), (hi, "shm"), (hi + 1, after)):
             assert select.allreduce(k, nbytes, "sum", "float32", ranks_per_node=k, nodes=1).name == want, (k, nbytes)
         assert select.allreduce(k, lo, "sum", "bfloat16", native_dtype=False, ranks_per_node=k).name == "shm"
-        # nonblocking calls run shm's schedule, step by step in Python: the rules below
-        assert select.allreduce(k, lo, "sum", "float32", ranks_per_node=k, nodes=1, nonblocking=True).name == "mpi"
-    assert select.allreduce(3, 4 << 20, "sum", "float32", ranks_per_node=3, nodes=1, nonblocking=True).name == "ring"
+    # nonblocking calls: their own measured ranges
+    for k, (lo, hi) in select.SHM_DIRECT_RANGE_NONBLOCKING.items():
+        for nbytes, want in ((lo - 1, "mpi"), (lo, "shm"), (hi, "shm"), (hi + 1, "ring")):
+            got = select.allreduce(k, nbytes, "sum", "float32", ranks_per_node=k, nodes=1, nonblocking=True).name
+            assert got == want, (k, nbytes, got)
     assert select.allreduce(2, 1 << 20, "sum", "float32", ranks_per_node=2, nodes=1).name == "ring"
     # not on several nodes, nor with one rank per node
     lo = select.SHM_DIRECT_RANGE[2][0]
@@ -51,13 +53,14 @@ def test_one_node_uses_the_ring_up_to_four_ranks_then_shm_for_long_messages():
     big = select.SHM_MIN_BYTES
     few = select.SHM_MIN_RANKS_PER_NODE - 1
     many = select.SHM_MIN_RANKS_PER_NODE
-    # up to 4 ranks per node: the compiled ring (measured faster than shm's
-    # schedule) for nonblocking calls, and for blocking ones beyond shm's C path
-    nb = dict(nonblocking=True)
-    assert select.allreduce(few, big, "sum", "float32", ranks_per_node=few, nodes=1, **nb).name == "ring"
-    assert select.allreduce(2, 4 << 20, "sum", "float16", native_dtype=False, ranks_per_node=2, **nb).name == "ring"
+    # up to 4 ranks per node, beyond shm's C-path ranges: the compiled ring
+    # (measured faster than shm's schedule) from 256 KiB, the library below
+    assert select.allreduce(2, big, "sum", "float32", ranks_per_node=2, nodes=1).name == "ring"
+    assert select.allreduce(2, 8 << 20, "sum", "float16", native_dtype=False, ranks_per_node=2).name == "ring"
     assert select.allreduce(2, 64 << 20, "sum", "float32", ranks_per_node=2, nodes=1).name == "ring"
-    assert select.allreduce(few, big - 1, "sum", "float32", ranks_per_node=few, nodes=1, **nb).name == "mpi"
+    assert select.allreduce(few, 64 << 20, "sum", "float32", ranks_per_node=few, nodes=1, nonblocking=True).name \
+        == "ring"
+    assert select.allreduce(2, big - 1, "sum", "float32", ranks_per_node=2, nodes=1).name == "mpi"
     # more ranks per node: shm, up to 4 MiB blocks per rank, then the ring again
     assert select.allreduce(many, big, "sum", "float32", ranks_per_node=many, nodes=1).name == "shm"
     assert select.allreduce(8, 16 << 20, "sum", "float16", native_dtype=False, ranks_per_node=8).name == "shm"
