@@ -171,7 +171,8 @@ def _allreduce(x, op, comm, out, algorithm, dtype, compression, reproducible, ch
         # the same on every rank, from one allgather)
         c = select.allreduce(p, flat.nbytes, red.op.name, dt.name, native_dtype=native, profile=st.profile,
                              ranks_per_node=st.ranks_per_node, nodes=st.nodes,
-                             link_weights=st.extra.get("hetero_ring"), nonblocking=nonblocking)
+                             link_weights=st.extra.get("hetero_ring"), nonblocking=nonblocking,
+                             deadline=timeout is not None)
         name = c.name
         entry = _alg.get("allreduce", name)
         knobs = {"segment_bytes": c.segment_bytes} if c.segment_bytes and "segment_bytes" in entry.knobs \

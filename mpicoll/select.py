@@ -66,7 +66,8 @@ def _registered(name: str) -> bool:
 @functools.lru_cache(maxsize=4096)
 def allreduce(p: int, nbytes: int, op: str, dtype: str, *, native_dtype: bool = True,
               profile=None, available=None, ranks_per_node: int = 1, nodes: int = 1,
-              link_weights: Optional[tuple] = None, concurrent: int = 1, nonblocking: bool = False) -> Choice:
+              link_weights: Optional[tuple] = None, concurrent: int = 1, nonblocking: bool = False,
+              deadline: bool = False) -> Choice:
     """The all-reduce algorithm for ``p`` ranks and an ``nbytes`` message.
 
     ``ranks_per_node`` (the largest node) and ``nodes`` describe the layout
@@ -75,7 +76,10 @@ def allreduce(p: int, nbytes: int, op: str, dtype: str, *, native_dtype: bool = 
     link at once (hierarchical's cross communicators: one per local rank);
     1 for an ordinary call. ``nonblocking``: the call is an ``i*`` or
     persistent one (measured apart: shm's C path serves both forms, the
-    others' nonblocking forms cost differently).
+    others' nonblocking forms cost differently). ``deadline``: the call has
+    a ``timeout=``; it runs shm's schedule, not its C path, so shm's C-path
+    ranges do not apply (nor does their collective set-up on a
+    communicator's first shm call, which has no deadline).
     ``link_weights``: hetero_ring's weights for this communicator's ring
     (a tuple of p numbers, the same on every rank: measured by its
     ``weights="measure"`` or declared by the user), or None when the links
@@ -96,7 +100,7 @@ def allreduce(p: int, nbytes: int, op: str, dtype: str, *, native_dtype: bool = 
     uneven = _uneven_links(p, nbytes, link_weights, available)
     if uneven is not None:
         return uneven
-    shared = _shared_memory_rule(p, nbytes, ranks_per_node, nodes, native_dtype, available, nonblocking)
+    shared = _shared_memory_rule(p, nbytes, ranks_per_node, nodes, native_dtype, available, nonblocking, deadline)
     if shared is not None and available(shared.name):
         return shared
     return _default(p, nbytes, dtype, native_dtype, available, ranks_per_node, nodes, concurrent)
@@ -368,11 +372,11 @@ CASCADE_OVER_HIERARCHICAL_MIN_BLOCK_BYTES = 16 << 10
 
 
 def _shared_memory_rule(p: int, nbytes: int, ranks_per_node: int, nodes: int, native_dtype: bool, available,
-                        nonblocking: bool = False):
+                        nonblocking: bool = False, deadline: bool = False):
     if ranks_per_node < 2:
         return None
     ranges = SHM_DIRECT_RANGE_NONBLOCKING if nonblocking else SHM_DIRECT_RANGE
-    direct = ranges.get(ranks_per_node) if nodes == 1 else None
+    direct = ranges.get(ranks_per_node) if nodes == 1 and not deadline else None
     if direct is not None and direct[0] <= nbytes <= direct[1]:
         return Choice("shm", f"{ranks_per_node} ranks on one node, a {'non' if nonblocking else ''}blocking call of "
                              f"{direct[0]}-{direct[1]} B: shm's one-chunk call runs in C (measured fastest there)")

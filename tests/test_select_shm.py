@@ -37,6 +37,12 @@ def test_one_node_blocking_calls_take_shm_in_c_from_8_kib_on_up_to_four_ranks():
         for nbytes, want in ((lo - 1, "mpi"), (lo, "shm"), ((lo + hi) // 2, "shm"), (hi, "shm"), (hi + 1, after)):
             assert select.allreduce(k, nbytes, "sum", "float32", ranks_per_node=k, nodes=1).name == want, (k, nbytes)
         assert select.allreduce(k, lo, "sum", "bfloat16", native_dtype=False, ranks_per_node=k).name == "shm"
+    # a call with a deadline runs shm's schedule, not its C path: not those ranges
+    for k, (lo, hi) in select.SHM_DIRECT_RANGE.items():
+        for nb in (False, True):
+            got = select.allreduce(k, 64 << 10, "sum", "float32", ranks_per_node=k, nodes=1, nonblocking=nb,
+                                   deadline=True).name
+            assert got == "mpi", (k, nb, got)
     # nonblocking calls: their own measured ranges
     for k, (lo, hi) in select.SHM_DIRECT_RANGE_NONBLOCKING.items():
         for nbytes, want in ((lo - 1, "mpi"), (lo, "shm"), (hi, "shm"), (hi + 1, "ring")):
