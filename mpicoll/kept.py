@@ -154,9 +154,9 @@ class KeptAllreduce(_Kept):
         # hit tries, then an executor.Executable or False (not compilable,
         # no executor, or turned off).
         self.exe = None
-        # The algorithm's own blocking runner (registry ``direct``): None
-        # until the first hit of a schedule that did not compile, then the
-        # runner or False.
+        # The algorithm's own runner in C (registry ``direct``: shm's), for
+        # both forms: None until the first hit of a schedule that did not
+        # compile, then the runner or False.
         self.direct = None
 
     def _compiled(self, x):

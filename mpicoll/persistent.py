@@ -38,15 +38,17 @@ class Persistent:
         self._seq = -1  # the number of the call in flight (timeout messages)
         self._finish = _then(plan.native.after, plan.finish) if self._mpi is not None else None
         # A compilable schedule is recorded once, here, and every start runs
-        # the recording in the C executor (executor.py).
+        # the recording in the C executor (executor.py); shm has a runner
+        # of its own in C (registry ``direct``).
         self._exe = self._kit = self._direct = None
         rec = plan.recordable
         if self._mpi is None and rec is not None and plan.st.size > 1 and rec[0].direct is not None:
             # The algorithm's own C path (shm's one-chunk call), at each start where it takes the call.
             entry, buf, red, src, knobs = rec
             self._direct = entry.direct(plan.st, buf.size, buf.itemsize, red, **knobs)
-        elif self._mpi is None and rec is not None and rec[0].compilable and plan.st.size > 1 and _executor.enabled() \
-                and plan.nbytes < engine.WAKE_MIN_BYTES:  # (long ones overlap better on the generator: see start)
+        elif self._mpi is None and rec is not None and rec[0].compilable and plan.st.size > 1 \
+                and _executor.enabled() and plan.nbytes < engine.WAKE_MIN_BYTES:
+            # (long messages overlap better on the generator: see start)
             entry, buf, red, src, knobs = rec
             try:
                 prog = _program.record(entry.schedule, plan.st, buf.size, buf.dtype, red, src is not None, knobs)
