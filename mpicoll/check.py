@@ -81,9 +81,10 @@ def preflight(st, collective: str, check=None, *, count, dtype, op=None, algorit
 
     Call it on every rank, after the arguments were validated and before
     the first message of the collective. A no-op on one rank or when the
-    check is off. ``dtype`` and ``op`` are names; ``algorithm`` is the name
-    the caller asked for (before "auto" is resolved, since "auto" itself
-    depends on the count); ``counts`` the explicit block lengths, if any.
+    check is off. ``dtype`` and ``op`` are names; ``algorithm`` is the
+    algorithm the call resolved to (the plan builders decide "auto" first:
+    the ranks compare what they will run); ``counts`` the explicit block
+    lengths, if any.
     With ``timeout`` (seconds) the allgather is polled and raises
     CollectiveTimeout when it has not completed by then: a rank that skipped
     the call altogether never joins it.

@@ -2,7 +2,7 @@
 parsing of ``mpicoll.allreduce``, against numpy.
 
 Kernels: every dtype and op, lengths 0 to 10^5, views offset by one element
-(misaligned for every itemsize > 1), dst separate from or aliasing either
+(element-aligned: tests/test_kernels.py refuses byte-misaligned ones), dst separate from or aliasing either
 operand, NaN, +-inf, -0.0 and the integer extremes (wraparound) planted at
 random places; reduce_many with 1-5 sources; scale; the 16-bit casts on
 random bit patterns. Results must match numpy bit for bit (NaN positions

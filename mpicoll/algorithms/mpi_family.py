@@ -56,10 +56,12 @@ def gather_call(comm, buf, bounds, root) -> NativeCall:
 def alltoall_call(comm, src, dst, sbounds, rbounds) -> NativeCall:
     p = comm.Get_size()
     bs = sbounds[0][1] - sbounds[0][0]
-    sb, rb = [src, bs, BYTE], [dst, bs, BYTE]
+    # p blocks of bs bytes from the start of each buffer (the blocks are all
+    # one length, from offset 0: plan.py), whatever lies beyond them
+    sb, rb = [src[:p * bs], bs, BYTE], [dst[:p * bs], bs, BYTE]
     init = _init(comm, "Alltoall")
     return NativeCall(lambda: comm.Alltoall(sb, rb), lambda: comm.Ialltoall(sb, rb),
-                      init and (lambda: init(sb, rb))) if p * bs == src.size else None
+                      init and (lambda: init(sb, rb)))
 
 
 def alltoallv_call(comm, src, dst, sbounds, rbounds) -> NativeCall:

@@ -47,9 +47,9 @@ def _shifts(r, p):
 
 @register("alltoall", "shift", knobs=("window",))
 def alltoall(ctx, src, dst, sbounds, rbounds, *, window=WINDOW):
-    yield from exchange(ctx, src, dst, sbounds, rbounds, _shifts(ctx.rank, ctx.size), max(1, int(window)), "ring")
+    yield from exchange(ctx, src, dst, sbounds, rbounds, _shifts(ctx.rank, ctx.size), max(1, int(window)), "shift")
 
 
 @register("alltoallv", "shift", knobs=("window",))
 def alltoallv(ctx, src, dst, sbounds, rbounds, *, window=WINDOW):
-    yield from exchange(ctx, src, dst, sbounds, rbounds, _shifts(ctx.rank, ctx.size), max(1, int(window)), "ring")
+    yield from exchange(ctx, src, dst, sbounds, rbounds, _shifts(ctx.rank, ctx.size), max(1, int(window)), "shift")
