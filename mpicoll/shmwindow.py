@@ -180,7 +180,7 @@ class ShmWindow:
         while rc > 0:
             wait_flags(self._flags, self.k, call.first + rc - 1)
             rc = call.step(rc, 0, _ROUND_NS)
-        err = call.end(rc, info, st)
+        err = call.end(rc, info, st, st.seq - 1)  # (the caller took the call's number just before)
         if err is not None:
             raise err
 
@@ -232,11 +232,13 @@ class _Chunk:
                                          self.dt, w._flags, FLAG_STRIDE, self.first, self.sig, self.lo, SIG_WORDS,
                                          stage, spins, _YIELD_NS, budget_ns, w._c_srcs)
 
-    def end(self, rc: int, info, st):
-        """After the last step (``rc`` <= 0): None, or the exception."""
+    def end(self, rc: int, info, st, seq: int):
+        """After the last step (``rc`` <= 0): None, or the exception
+        (naming the rank of ``st`` and call number ``seq``)."""
         w = self.w
         if rc == lib.MPICOLL_SHM_EMISMATCH:
-            return _mismatch(w._slots[:, self.lo:self.lo + SIG_WORDS].copy(), info, _Where(st, self.n * self.size))
+            return _mismatch(w._slots[:, self.lo:self.lo + SIG_WORDS].copy(), info,
+                             _Where(st, self.n * self.size, seq))
         w.turn ^= 1  # the signatures agreed: the schedule turns here too
         if rc:
             return RuntimeError(f"mpicoll: the shared-memory reduction kernel refused its arguments (status {rc})")
@@ -248,8 +250,8 @@ class _Where:
     """What a MismatchError names of a call run without a schedule context
     (ShmWindow.run_chunk): its info and rank, as a context has them."""
 
-    def __init__(self, st, nbytes):
-        self.info, self.rank = ("allreduce", "shm", nbytes, st.seq - 1), st.rank
+    def __init__(self, st, nbytes, seq):
+        self.info, self.rank = ("allreduce", "shm", nbytes, seq), st.rank
 
 
 class ChunkRequest(engine.Request):
@@ -264,7 +266,9 @@ class ChunkRequest(engine.Request):
         super().__init__(result, None, finish, None, st)
         self._call, self._queue, self._ticket, self._info = call, queue, ticket, info
         self._stage = 0
-        self._comm_state = st  # (the engine's _st is released at completion; the error names it)
+        # (the engine's _st is released at completion; an error names the
+        # rank and this call's number, taken just before)
+        self._comm_state, self._seq = st, st.seq - 1
 
     def _pass(self) -> int:
         """One pass: 1 if it reached another sync, 0 if not, -1 once finished."""
@@ -276,7 +280,7 @@ class ChunkRequest(engine.Request):
         return -1
 
     def _settle_rc(self, rc) -> None:
-        err = self._call.end(rc, self._info, self._comm_state)  # the turn and counts first,
+        err = self._call.end(rc, self._info, self._comm_state, self._seq)  # the turn and counts first,
         self._queue.remove(self._ticket)  # then the next call's turn
         if err is None:
             self._end()
