@@ -28,7 +28,7 @@ from . import program as _program
 from . import schedule as _sched
 from .algorithms import mpi as _mpi
 from .plancache import MISS as _MISS, Kept as _Kept, env_unchanged as _env_unchanged
-from .runtime import Plan, _finish, enter
+from .runtime import Plan, _finish, enter, start_direct
 
 
 _IN_PLACE = MPI.IN_PLACE
@@ -302,14 +302,7 @@ class KeptAllreduce(_Kept):
         st, red = self.st, self.red
         flat, size = out.reshape(-1), st.size
         finish = (lambda: red.finish(flat, size)) if self.avg else None
-        enter(st)
-        try:
-            if not run.ready():
-                return None
-            st.next_seq()
-            return run.start(flat, None if out is x else x.reshape(-1), out, finish)
-        finally:
-            st.busy.release()
+        return start_direct(st, run, flat, None if out is x else x.reshape(-1), out, finish)
 
     def _start_compiled(self, exe, x, out):
         st, red = self.st, self.red

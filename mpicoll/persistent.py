@@ -12,7 +12,7 @@ from . import engine
 from . import executor as _executor
 from . import program as _program
 from . import schedule as _sched
-from .runtime import Plan, _then, enter
+from .runtime import Plan, _then, enter, start_direct
 
 class Persistent:
     """A persistent collective (MPI-4 ``MPI_Allreduce_init`` semantics).
@@ -121,17 +121,8 @@ class Persistent:
         """The direct runner's request, or None when it declines this start
         (then the schedule runs it: nothing was numbered)."""
         plan = self._plan
-        st = plan.st
-        enter(st)
-        try:
-            if not self._direct.ready():
-                return None
-            plan.inputs()
-            st.next_seq()
-            _, buf, _, src, _ = plan.recordable
-            return self._direct.start(buf, src, plan.result, plan.finish)
-        finally:
-            st.busy.release()
+        _, buf, _, src, _ = plan.recordable
+        return start_direct(plan.st, self._direct, buf, src, plan.result, plan.finish, plan.inputs)
 
     def wait(self):
         if not self._active:

@@ -176,10 +176,7 @@ class ShmWindow:
         MismatchError as verify raises it (``st``: the communicator's
         state, for the rank and call number it names)."""
         call = self.chunk(buf, own, red, sig)
-        rc = call.step(0, SPINS, _ROUND_NS)
-        while rc > 0:
-            wait_flags(self._flags, self.k, call.first + rc - 1)
-            rc = call.step(rc, 0, _ROUND_NS)
+        rc = call.finish()
         err = call.end(rc, info, st, st.seq - 1)  # (the caller took the call's number just before)
         if err is not None:
             raise err
@@ -207,12 +204,13 @@ _YIELD_NS, _ROUND_NS = int(YIELD_S * 1e9), int(ROUND_S * 1e9)
 
 
 class _Chunk:
-    """One one-chunk call in C (ShmWindow.chunk): ``step`` runs it from a
-    stage (0, or the sync it stopped at) for at most ``budget_ns`` at each
-    sync; ``end`` settles the window's turn and counts and gives the
-    error, if any."""
+    """One one-chunk call in C (ShmWindow.chunk): ``step`` runs it on from
+    the stage it is at (0, then the sync it stopped at) for at most
+    ``budget_ns`` at each sync; ``finish`` waits for it to end; ``end``
+    settles the window's turn and counts and gives the error, if any."""
 
-    __slots__ = ("w", "buf", "own", "c_buf", "c_own", "n", "size", "op", "dt", "sig", "lo", "first", "slots")
+    __slots__ = ("w", "buf", "own", "c_buf", "c_own", "n", "size", "op", "dt", "sig", "lo", "first", "slots",
+                 "stage")
 
     def __init__(self, w, buf, own, red, sig):
         self.w, self.sig = w, sig
@@ -225,12 +223,29 @@ class _Chunk:
         self.first = w.epoch + 1
         w.epoch = self.first  # the first sync is posted by the first step
         self.slots = w._c_slots[w.turn]
+        self.stage = 0
 
-    def step(self, stage: int, spins: int, budget_ns: int) -> int:
+    def step(self, spins: int, budget_ns: int) -> int:
+        """The C function's status: 1 or 2 (waiting at that sync: the next
+        step goes on from there), 0 (complete) or an error (< 0)."""
         w = self.w
-        return lib.mpicoll_shm_allreduce(self.slots, w.k, w.me, self.c_buf, self.c_own, self.n, self.size, self.op,
-                                         self.dt, w._flags, FLAG_STRIDE, self.first, self.sig, self.lo, SIG_WORDS,
-                                         stage, spins, _YIELD_NS, budget_ns, w._c_srcs)
+        rc = lib.mpicoll_shm_allreduce(self.slots, w.k, w.me, self.c_buf, self.c_own, self.n, self.size, self.op,
+                                       self.dt, w._flags, FLAG_STRIDE, self.first, self.sig, self.lo, SIG_WORDS,
+                                       self.stage, spins, _YIELD_NS, budget_ns, w._c_srcs)
+        if rc > 0:
+            self.stage = rc
+        return rc
+
+    def finish(self) -> int:
+        """Blocking: steps that wait up to ROUND_S at each sync in C; a peer
+        later than that is waited for in wait_flags (Ctrl-C is seen
+        there). The last step's status."""
+        w = self.w
+        rc = self.step(SPINS, _ROUND_NS)
+        while rc > 0:
+            wait_flags(w._flags, w.k, self.first + rc - 1)
+            rc = self.step(0, _ROUND_NS)
+        return rc
 
     def end(self, rc: int, info, st, seq: int):
         """After the last step (``rc`` <= 0): None, or the exception
@@ -265,17 +280,16 @@ class ChunkRequest(engine.Request):
     def __init__(self, call, queue, ticket, info, result, finish, st):
         super().__init__(result, None, finish, None, st)
         self._call, self._queue, self._ticket, self._info = call, queue, ticket, info
-        self._stage = 0
         # (the engine's _st is released at completion; an error names the
         # rank and this call's number, taken just before)
         self._comm_state, self._seq = st, st.seq - 1
 
     def _pass(self) -> int:
         """One pass: 1 if it reached another sync, 0 if not, -1 once finished."""
-        rc = self._call.step(self._stage, 0, 0)
+        before = self._call.stage
+        rc = self._call.step(0, 0)
         if rc > 0:
-            moved, self._stage = rc != self._stage, rc
-            return int(moved)
+            return int(rc != before)
         self._settle_rc(rc)
         return -1
 
@@ -293,11 +307,7 @@ class ChunkRequest(engine.Request):
             # in C with the GIL released (the engine's polling from Python
             # costs a core that a peer sharing it needs).
             try:
-                rc = self._call.step(self._stage, SPINS, _ROUND_NS)
-                while rc > 0:
-                    self._stage = rc
-                    wait_flags(self._call.w._flags, self._call.w.k, self._call.first + rc - 1)
-                    rc = self._call.step(rc, 0, _ROUND_NS)
+                rc = self._call.finish()
             except BaseException:  # Ctrl-C while a peer is late: back to the engine, still pending
                 engine.unclaim(self)
                 raise
