@@ -242,7 +242,7 @@ class KeptAllreduce(_Kept):
                 seq, tag = st.next_seq()
                 if exe:  # the compiled schedule, one C call
                     exe.run(out, None if mode == 1 else x, tag, seq)
-                elif not run(out.reshape(-1), None if mode == 1 else x.reshape(-1)):
+                elif not run(out, None if mode == 1 else x):  # (C-contiguous: no flat views needed)
                     self._schedule(x, out, tag, seq)  # (the same call number)
             else:
                 st.next_seq()
