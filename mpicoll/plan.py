@@ -34,6 +34,7 @@ mpicoll/kept.py, persistent requests in mpicoll/persistent.py.
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 
@@ -44,7 +45,7 @@ from . import schedule as _sched
 from .algorithms import mpi as _mpi
 from .algorithms.common import block_bounds, counts_to_bounds
 from .arguments import check_flag, env_settings, knobs_of, reduction, requested, root_of, timeout_of
-from .comm import check_intracomm, state
+from .comm import check_intracomm, state, wait_until
 from .kept import (KeptAllgather, KeptAllgatherv, KeptAllreduce, KeptAlltoall, KeptAlltoallv, KeptBcast, KeptGather,
                    KeptReduce, KeptReduceScatter, KeptScatter, _kept_rooted)
 from .mpitypes import reduces_natively
@@ -57,10 +58,29 @@ def _settle(st, collective, name, entry, knobs, buf, check_on, sig, timeout=None
     if check_on:
         _check.preflight(st, collective, True, algorithm=name, timeout=timeout, **sig)
     if entry is not None and entry.prepare is not None and st.size > 1:
+        _meet_before_setup(st, collective, name, timeout)
         decided = entry.prepare(st, buf, red, **knobs)
         if decided:
             knobs = {**knobs, **decided}
     return knobs
+
+
+def _meet_before_setup(st, collective, name, timeout):
+    """The first time an algorithm's ``prepare`` runs on a communicator it
+    sets up collectively - node and cross communicators, the shared
+    window, hetero_ring's link times - through MPI calls with no deadline
+    of their own. So that a rank missing from that first call gives the
+    others CollectiveTimeout at ``timeout`` rather than a hang, every rank
+    first meets the others in an Ibarrier under the call's deadline (none
+    without one). Once per collective, algorithm and communicator; the
+    same on every rank whatever its timeout, since the calls match."""
+    met = st.extra.setdefault("met-before-setup", set())
+    if (collective, name) in met:
+        return
+    deadline = None if timeout is None else time.monotonic() + timeout
+    wait_until(st.comm.Ibarrier(), deadline, st.rank, collective, f"{name}'s first set-up on this communicator",
+               st.seq)
+    met.add((collective, name))
 
 
 def options(collective, algorithm, check, timeout, knobs):

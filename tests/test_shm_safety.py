@@ -196,3 +196,47 @@ def test_flag_set_by_another_thread_publishes_its_data():
         go.set()
         t.join(60)
     assert not errors, errors
+
+
+SETUP_SCRIPT = """
+import sys, time, numpy as np, mpicoll
+from mpi4py import MPI
+w = MPI.COMM_WORLD
+c = w.Dup()
+mpicoll.allreduce(np.ones(1), comm=c)   # the communicator's state exists; no shm set-up yet
+door = sys.argv[1]
+if w.rank == w.size - 1:
+    print(f"R{w.rank}:skipped", flush=True)
+    time.sleep(60)                        # never calls the shm all-reduce
+x = np.ones(4096, np.float32)
+t0 = time.monotonic()
+try:
+    if door == "blocking":
+        mpicoll.allreduce(x, comm=c, algorithm="shm", timeout=2)
+    else:
+        mpicoll.iallreduce(x, comm=c, algorithm="shm", timeout=2).wait()
+    print(f"R{w.rank}:returned", flush=True)
+except mpicoll.CollectiveTimeout as exc:
+    print(f"R{w.rank}:TIMEOUT:{time.monotonic() - t0:.1f}:{exc}", flush=True)
+    raise
+"""
+
+
+@needs_mpiexec
+@pytest.mark.waits
+@pytest.mark.parametrize("door", ["blocking", "nonblocking"])
+def test_a_rank_missing_from_the_first_shm_call_times_out(tmp_path, door):
+    """shm's first call on a communicator sets up the node communicator and
+    the window collectively, MPI calls with no deadline: with timeout= the
+    ranks first meet under the deadline (plan._meet_before_setup), so a
+    rank that skips the call gives the others CollectiveTimeout, not a hang."""
+    script = tmp_path / "setup.py"
+    script.write_text(SETUP_SCRIPT)
+    cmd = [MPIEXEC, *MPIEXEC_FLAGS, "-n", "2", sys.executable, "-m", "mpi4py", str(script), door]
+    rc, stdout, stderr = run_job(cmd, HARD_S, env=_env())
+    out = stdout + stderr
+    assert rc is not None, f"hung: still running after {HARD_S} s\n{out[-8000:]}"
+    m = re.search(r"R0:TIMEOUT:(\d+\.\d+):(.*)", out)
+    assert m, out[-3000:]
+    assert float(m.group(1)) < 30 and "first set-up" in m.group(2), out[-3000:]
+    assert "R0:returned" not in out

@@ -87,7 +87,11 @@ Limitations:  One node only. On a communicator that spans several nodes
               algorithm's receive-size checks (one rank's MismatchError,
               or the others' CollectiveTimeout with ``timeout=``), like
               the network algorithms. Window creation on first use is
-              collective MPI with no deadline.
+              collective MPI with no deadline of its own; with
+              ``timeout=`` the ranks first meet under the deadline
+              (plan._meet_before_setup), so a missing rank is a
+              CollectiveTimeout there. A window that must grow later
+              grows after a sync every rank has passed.
 """
 from __future__ import annotations
 
