@@ -77,9 +77,9 @@ def allreduce(p: int, nbytes: int, op: str, dtype: str, *, native_dtype: bool = 
     1 for an ordinary call. ``nonblocking``: the call is an ``i*`` or
     persistent one (measured apart: shm's C path serves both forms, the
     others' nonblocking forms cost differently). ``deadline``: the call has
-    a ``timeout=``; it runs shm's schedule, not its C path, so shm's C-path
-    ranges do not apply (nor does their collective set-up on a
-    communicator's first shm call, which has no deadline).
+    a ``timeout=``; it runs shm's schedule, not its C path (kept plans and
+    runners serve calls without one), so shm's C-path ranges, measured on
+    that path, do not apply.
     ``link_weights``: hetero_ring's weights for this communicator's ring
     (a tuple of p numbers, the same on every rank: measured by its
     ``weights="measure"`` or declared by the user), or None when the links
