@@ -174,12 +174,13 @@ def _go(base: str, mode: str, coll, *args, pre=(), post=(), **kw):
     plain array, ``[array, counts]``...) goes through the api door, whose
     kept plan serves a repeated signature without building one
     (plancache.py); a packed layout or a persistent request builds its plan."""
-    _served(base, mode)
-    pre = [f for f in pre if f is not None]
-    post = [f for f in post if f is not None]
+    if pre:
+        pre = [f for f in pre if f is not None]
+    if post:
+        post = [f for f in post if f is not None]
     if mode != "init" and not pre and not post and type(coll) is str:
-        res = getattr(_api, coll if mode == "run" else "i" + coll)(*args, **kw)
-        return None if mode == "run" else res
+        return _door(base, mode, coll, *args, **kw)
+    _served(base, mode)
     build = getattr(_plan, coll) if type(coll) is str else coll
     plan = build(*args, **kw) if mode == "run" else build(*args, nonblocking=True, **kw)
     _attach(plan, pre, post)
@@ -187,6 +188,19 @@ def _go(base: str, mode: str, coll, *args, pre=(), post=(), **kw):
         plan.run()
         return None
     return plan.start() if mode == "start" else Persistent(plan)
+
+
+def _door(base: str, mode: str, coll: str, *args, **kw):
+    """A blocking ("run") or nonblocking ("start") call whose buffers need
+    no packing, through mpicoll's function of the same collective (``coll``,
+    or ``"i" + coll``), whose kept plan serves a repeated signature without
+    building one (plancache.py). Returns None when blocking, as mpi4py does,
+    else the request. Every method's fast path ends here."""
+    _served(base, mode)
+    if mode == "run":
+        getattr(_api, coll)(*args, **kw)
+        return None
+    return getattr(_api, "i" + coll)(*args, **kw)
 
 
 def _sending(s, r, in_place: bool):
@@ -335,17 +349,10 @@ class Comm(MPI.Intracomm):
     def _allreduce(self, sendbuf, recvbuf, op, algorithm, mode, info=MPI.INFO_NULL):
         fast = _fast_allreduce(sendbuf, recvbuf, op)
         if fast is not None:  # plain numpy arrays: the common case, without the general parsing
+            # mpicoll.(i)allreduce keeps the decision under the call's
+            # signature: a repeated call (same or new arrays) is served by
+            # the kept plan without parsing (plancache.py).
             x, out, name = fast
-            if mode == "run":
-                # mpicoll.allreduce keeps the decision under the call's
-                # signature: a repeated call (same or new arrays) is served
-                # by the kept plan without parsing (plancache.py).
-                _served("Allreduce", mode)
-                _api.allreduce(x, name, comm=self, out=out, algorithm=algorithm)
-                return None
-            if mode == "start":  # the same kept decisions
-                _served("Allreduce", mode)
-                return _api.iallreduce(x, name, comm=self, out=out, algorithm=algorithm)
             return _go("Allreduce", mode, "allreduce", x, name, comm=self, out=out, algorithm=algorithm)
         try:
             if not isinstance(op, MPI.Op):
@@ -370,10 +377,7 @@ class Comm(MPI.Intracomm):
                 fast = None if name is None else (sendbuf.reshape(-1), None, name)
             if fast is not None:  # plain arrays: mpicoll.(i)reduce's own door (kept plans)
                 x, out, name = fast
-                _served("Reduce", mode)
-                fn = _api.reduce if mode == "run" else _api.ireduce
-                req = fn(x, name, root, comm=self, out=out, algorithm=algorithm)
-                return None if mode == "run" else req
+                return _door("Reduce", mode, "reduce", x, name, root, comm=self, out=out, algorithm=algorithm)
         try:
             if not isinstance(op, MPI.Op) or not _root_arg(root, self.Get_size()):
                 raise _Native("op or root mpi4py or MPI refuses")
@@ -433,10 +437,8 @@ class Comm(MPI.Intracomm):
                    algorithm=algorithm, dtype=dt.name, pre=pre, post=(r.unpack,))
 
     def _fast_reduce_scatter(self, which, mode, sendbuf, recvbuf, name, counts, algorithm):
-        _served(which, mode)
-        fn = _api.reduce_scatter if mode == "run" else _api.ireduce_scatter
-        req = fn(sendbuf.reshape(-1), name, comm=self, counts=counts, out=recvbuf.reshape(-1), algorithm=algorithm)
-        return None if mode == "run" else req
+        return _door(which, mode, "reduce_scatter", sendbuf.reshape(-1), name, comm=self, counts=counts,
+                     out=recvbuf.reshape(-1), algorithm=algorithm)
 
     def _reduce_scatter(self, sendbuf, recvbuf, recvcounts, op, algorithm, mode, info=MPI.INFO_NULL):
         if mode != "init":
@@ -507,11 +509,7 @@ class Comm(MPI.Intracomm):
             if fl.c_contiguous and fl.writeable and 0 <= root < self.Get_size():
                 # A plain array: mpicoll.(i)bcast's own door, whose kept plan
                 # serves a repeated signature without parsing (plancache.py).
-                _served("Bcast", mode)
-                if mode == "start":
-                    return _api.ibcast(buf, root, comm=self, algorithm=algorithm)
-                _api.bcast(buf, root, comm=self, algorithm=algorithm)
-                return None
+                return _door("Bcast", mode, "bcast", buf, root, comm=self, algorithm=algorithm)
         try:
             if not _root_arg(root, self.Get_size()):
                 raise _Native("a root mpi4py or MPI refuses")
@@ -533,10 +531,8 @@ class Comm(MPI.Intracomm):
             if recvbuf.size == p * sendbuf.size and fs.c_contiguous and fr.c_contiguous and fr.writeable \
                     and not np.may_share_memory(sendbuf, recvbuf):
                 # Plain arrays: mpicoll.(i)allgather's own door (kept plans, as in _bcast).
-                _served("Allgather", mode)
-                fn = _api.allgather if mode == "run" else _api.iallgather
-                req = fn(sendbuf, comm=self, out=recvbuf.reshape((p,) + sendbuf.shape), algorithm=algorithm)
-                return None if mode == "run" else req
+                return _door("Allgather", mode, "allgather", sendbuf, comm=self,
+                             out=recvbuf.reshape((p,) + sendbuf.shape), algorithm=algorithm)
         try:
             p, rank = self.Get_size(), self.Get_rank()
             r = parse(recvbuf, writable=True, blocks=p)
@@ -612,17 +608,12 @@ class Comm(MPI.Intracomm):
             fast = self._fast_rooted_v("scatter", sendbuf, recvbuf, root, algorithm, recv_side=True)
             if fast is not None:  # plain arrays: mpicoll.(i)scatter's own door (kept plans)
                 name, flat, counts = fast
-                _served(which, mode)
-                fn = _api.scatter if mode == "run" else _api.iscatter
-                req = fn(flat, root, comm=self, out=recvbuf.reshape(-1), counts=counts, algorithm=name)
-                return None if mode == "run" else req
+                return _door(which, mode, "scatter", flat, root, comm=self, out=recvbuf.reshape(-1), counts=counts,
+                             algorithm=name)
         if not v and mode != "init":
             x = plain_rooted(self, sendbuf, recvbuf, root, recv_side=True)
             if x is not False:  # plain arrays: mpicoll.(i)scatter's own door (kept plans)
-                _served(which, mode)
-                fn = _api.scatter if mode == "run" else _api.iscatter
-                req = fn(x, root, comm=self, out=recvbuf, algorithm=algorithm)
-                return None if mode == "run" else req
+                return _door(which, mode, "scatter", x, root, comm=self, out=recvbuf, algorithm=algorithm)
         try:
             if not _root_arg(root, self.Get_size()):
                 raise _Native("a root mpi4py or MPI refuses")
@@ -663,17 +654,12 @@ class Comm(MPI.Intracomm):
             fast = self._fast_rooted_v("gather", recvbuf, sendbuf, root, algorithm, recv_side=False)
             if fast is not None:  # plain arrays: mpicoll.(i)gather's own door (kept plans)
                 name, flat, counts = fast
-                _served(which, mode)
-                fn = _api.gather if mode == "run" else _api.igather
-                req = fn(sendbuf.reshape(-1), root, comm=self, out=flat, counts=counts, algorithm=name)
-                return None if mode == "run" else req
+                return _door(which, mode, "gather", sendbuf.reshape(-1), root, comm=self, out=flat, counts=counts,
+                             algorithm=name)
         if not v and mode != "init":
             out = plain_rooted(self, recvbuf, sendbuf, root, recv_side=False)
             if out is not False:  # plain arrays: mpicoll.(i)gather's own door (kept plans)
-                _served(which, mode)
-                fn = _api.gather if mode == "run" else _api.igather
-                req = fn(sendbuf, root, comm=self, out=out, algorithm=algorithm)
-                return None if mode == "run" else req
+                return _door(which, mode, "gather", sendbuf, root, comm=self, out=out, algorithm=algorithm)
         try:
             if not _root_arg(root, self.Get_size()):
                 raise _Native("a root mpi4py or MPI refuses")
@@ -711,10 +697,8 @@ class Comm(MPI.Intracomm):
             fv = plain_v(recvbuf, self.Get_size(), True, like=sendbuf)
             if fv is not None and fv[1][self.Get_rank()] == sendbuf.size and apart(fv[0], sendbuf):
                 # plain arrays: mpicoll.(i)allgatherv's own door (kept plans)
-                _served("Allgatherv", mode)
-                fn = _api.allgatherv if mode == "run" else _api.iallgatherv
-                req = fn(sendbuf.reshape(-1), fv[1], comm=self, out=fv[0], algorithm=algorithm)
-                return None if mode == "run" else req
+                return _door("Allgatherv", mode, "allgatherv", sendbuf.reshape(-1), fv[1], comm=self, out=fv[0],
+                             algorithm=algorithm)
         try:
             p, rank = self.Get_size(), self.Get_rank()
             r = parse_v(recvbuf, True, p)
@@ -744,21 +728,16 @@ class Comm(MPI.Intracomm):
             if sendbuf.size == recvbuf.size and sendbuf.size % p == 0 and fs.c_contiguous and fr.c_contiguous \
                     and fr.writeable and not np.may_share_memory(sendbuf, recvbuf):
                 # plain arrays: mpicoll.(i)alltoall's own door (kept plans)
-                _served(which, mode)
                 shape = (p, sendbuf.size // p)
-                fn = _api.alltoall if mode == "run" else _api.ialltoall
-                req = fn(sendbuf.reshape(shape), comm=self, out=recvbuf.reshape(shape), algorithm=algorithm)
-                return None if mode == "run" else req
+                return _door(which, mode, "alltoall", sendbuf.reshape(shape), comm=self, out=recvbuf.reshape(shape),
+                             algorithm=algorithm)
         if v and mode != "init":
             p = self.Get_size()
             sv = plain_v(sendbuf, p, False)
             rv = None if sv is None else plain_v(recvbuf, p, True, like=sv[0])
             if rv is not None and apart(sv[0], rv[0]):
                 # plain arrays: mpicoll.(i)alltoallv's own door (kept plans)
-                _served(which, mode)
-                fn = _api.alltoallv if mode == "run" else _api.ialltoallv
-                req = fn(sv[0], sv[1], rv[1], comm=self, out=rv[0], algorithm=algorithm)
-                return None if mode == "run" else req
+                return _door(which, mode, "alltoallv", sv[0], sv[1], rv[1], comm=self, out=rv[0], algorithm=algorithm)
         try:
             p = self.Get_size()
             s = None
