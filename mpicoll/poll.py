@@ -16,6 +16,15 @@ policy, written here once:
   the core, ``time.sleep(0)``, for waits that must stay hot);
 * at ``deadline`` (``time.monotonic()``) raise ``expired()``, or return
   False when no ``expired`` is given (the caller hands the wait on).
+
+The waits that use it: the blocking driver's wait for a batch and for a
+custom operation (schedule.py), a request's ``wait()`` driving the engine
+(engine.py), a set-up step under a deadline (comm.wait_until), a torch
+``Work.wait`` (torch/work.py), and shared-memory flag syncs
+(shmwindow.wait_flags, whose ``test`` is one round of the C wait: it spins
+and backs off with the GIL released, so the rounds replace ``spin_s`` and
+``max_pause``). The progress thread is not a wait: it sleeps on a condition
+until there is work and then tests everything outstanding (engine._run).
 """
 from __future__ import annotations
 

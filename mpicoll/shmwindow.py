@@ -26,6 +26,7 @@ from . import engine
 from . import ops as _ops
 from ._kernels import ffi, lib
 from .errors import MismatchError
+from .poll import poll
 
 # The bound: never more than this per rank in the window (header included).
 MAX_WINDOW_BYTES = 32 << 20
@@ -355,20 +356,29 @@ class _FlagSync:
 def wait_flags(flags, k: int, epoch: int, deadline=None) -> bool:
     """Wait until each of the ``k`` counters at ``flags`` (a cffi pointer,
     FLAG_STRIDE bytes apart) has reached ``epoch``: True, or False once
-    ``deadline`` (time.monotonic()) has passed. The C wait runs at most
-    ROUND_S at a time with the GIL released; between rounds Python runs its
-    signal handlers (KeyboardInterrupt) and checks the deadline."""
+    ``deadline`` (time.monotonic()) has passed.
+
+    The one wait policy (poll.py) over rounds of the C wait: each round
+    spins and backs off in C for at most ROUND_S with the GIL released (a
+    Python poll would hold the GIL the peers' own waits may need); between
+    rounds ``poll`` checks the deadline, and Python runs its signal handlers
+    (KeyboardInterrupt)."""
     start = time.monotonic()
-    spins = SPINS
-    while True:
+    spins = [SPINS]  # the first round spins before it yields; later ones go on where it left off
+
+    def one_round() -> bool:
         now = time.monotonic()
         budget = ROUND_S if deadline is None else min(ROUND_S, deadline - now)
         if budget <= 0:
             return bool(lib.mpicoll_flag_test(flags, FLAG_STRIDE, k, epoch))
         yield_s = max(0.0, YIELD_S - (now - start))  # the back-off goes on where the last round left it
-        if lib.mpicoll_flag_wait(flags, FLAG_STRIDE, k, epoch, spins, int(yield_s * 1e9), int(budget * 1e9)):
-            return True
-        spins = 0
+        reached = lib.mpicoll_flag_wait(flags, FLAG_STRIDE, k, epoch, spins[0], int(yield_s * 1e9),
+                                        int(budget * 1e9))
+        spins[0] = 0
+        return bool(reached)
+
+    # (spin_s=0, max_pause=0: the rounds are the spin and the back-off)
+    return poll(one_round, deadline, spin_s=0.0, max_pause=0.0)
 
 
 def signature(nbytes: int, red, chunk_bytes: int):
