@@ -256,6 +256,7 @@ class Request:
         thread is woken, even for a short operation. ``wake=False`` leaves
         it asleep, for a caller that has another thread wait() for the
         request (waking it would cost a thread hand-over for nothing)."""
+        _engine._not_stepping()
         with _engine.lock:
             if not self._finished:
                 self._callbacks.append(fn)
@@ -388,6 +389,7 @@ class NativeRequest(Request):
         return self.result
 
     def add_done_callback(self, fn, wake: bool = True) -> None:
+        _engine._not_stepping()
         with _engine.lock:
             if not self._finished:
                 self._callbacks.append(fn)
@@ -457,16 +459,40 @@ class _Engine:
         self.thread = None
         self.stopping = False
         self.enabled = os.environ.get(ENV_PROGRESS_THREAD, "1").strip().lower() not in ("0", "false", "no", "off")
+        # The thread running a step or a finish under the lock (see _not_stepping), or None.
+        self.stepper = None
+
+    def _not_stepping(self) -> None:
+        """Refuse a call into the engine from a schedule step or a finish.
+
+        The engine runs steps and finishes with its lock held, and the lock
+        is not reentrant (a reentrant one would let a step start, test or
+        wait for requests in the middle of advancing the list it is
+        iterating). So nothing a step or a finish calls may use the engine:
+        collective set-up in a step (shm's window growing, after a sync
+        every rank of the node passed) calls MPI directly. A step that did
+        call in would wait for itself for ever; this makes it a clear error,
+        recorded on the request whose step it was."""
+        s = self.stepper
+        if s is not None and s == threading.get_ident():
+            raise RuntimeError("mpicoll: a schedule step or a request's finishing work called into the progress "
+                               "engine (start, test, wait or a callback); steps run under the engine's lock, "
+                               "which is not reentrant - call MPI directly there")
 
     def thread_available(self) -> bool:
         return MPI.Is_initialized() and not MPI.Is_finalized() and MPI.Query_thread() == MPI.THREAD_MULTIPLE
 
     def start(self, req: Request, wake: bool = True) -> Request:
+        self._not_stepping()
         st = req._st
         if st is not None:
             st.hold()
         with self.lock:
-            req._start()
+            self.stepper = threading.get_ident()
+            try:
+                req._start()
+            finally:
+                self.stepper = None
             if not req._finished:
                 self.active.append(req)
                 if wake:
@@ -528,14 +554,18 @@ class _Engine:
         moved = False
         still = []
         finished = []
-        for req in self.active:
-            steps = req._advance()  # never raises: errors stay on their request
-            moved = moved or steps != 0
-            if steps >= 0:
-                still.append(req)
-            else:
-                finished.append((req, req._callbacks))
-                req._callbacks = []
+        self.stepper = threading.get_ident()
+        try:
+            for req in self.active:
+                steps = req._advance()  # never raises: errors stay on their request
+                moved = moved or steps != 0
+                if steps >= 0:
+                    still.append(req)
+                else:
+                    finished.append((req, req._callbacks))
+                    req._callbacks = []
+        finally:
+            self.stepper = None
         self.active = still
         return moved, finished
 
@@ -545,6 +575,7 @@ class _Engine:
             _settle(req, fns)
 
     def progress(self) -> None:
+        self._not_stepping()
         finished = ()
         with self.lock:
             if self.active:
@@ -561,6 +592,7 @@ class _Engine:
         the thread (woken on the way out); returns whether it is complete."""
         if req._seen_done():
             return True
+        self._not_stepping()
         until = None if hot_for is None or not self.use_thread() else time.monotonic() + hot_for
         with self._wlock:  # not the engine lock: the progress thread may hold that one
             self.waiters += 1
@@ -601,6 +633,7 @@ class _Engine:
                 self._spawn_locked()
 
     def list_native(self, req: NativeRequest) -> None:
+        self._not_stepping()
         with self.lock:
             if not req._blocking:
                 self.list_locked(req)
@@ -608,6 +641,7 @@ class _Engine:
     def wait_native(self, req: NativeRequest) -> None:
         """wait() for a NativeRequest: in MPI_Wait (GIL released) while no
         request is in the list; otherwise listed and driven with the others."""
+        self._not_stepping()
         with self.lock:
             alone = not req._finished and not req._blocking and (
                 not self.active and not req._listed
@@ -633,7 +667,11 @@ class _Engine:
                 fns, req._callbacks = req._callbacks, []
         else:
             with self.lock:  # add_done_callback reads _finished under the lock
-                req._end()
+                self.stepper = threading.get_ident()
+                try:
+                    req._end()
+                finally:
+                    self.stepper = None
                 fns, req._callbacks = req._callbacks, []
         _settle(req, fns)
 
@@ -719,6 +757,7 @@ def claim_alone(req: Request) -> bool:
     blocking call, the GIL released) and then hand it to finish_claimed.
     False (nothing done) when other requests are in flight: they need this
     thread's progress too."""
+    _engine._not_stepping()
     with _engine.lock:
         active = _engine.active
         if req._finished or len(active) != 1 or active[0] is not req:
@@ -739,7 +778,11 @@ def finish_claimed(req: Request, settle, outcome) -> None:
     """End a request claimed by claim_alone: ``settle(outcome)`` under the
     lock (it ends or fails the request), then its callbacks."""
     with _engine.lock:
-        settle(outcome)
+        _engine.stepper = threading.get_ident()
+        try:
+            settle(outcome)
+        finally:
+            _engine.stepper = None
         fns, req._callbacks = req._callbacks, []
     _settle(req, fns)
 
