@@ -430,11 +430,11 @@ def reduce(x, op="sum", root=0, *, comm=None, out=None, algorithm="auto", dtype=
 # the schedules' signatures are in mpicoll/registry.py.
 
 def _family_args(collective, algorithm, check, timeout, knobs, comm):
-    """Stage 1 shared by the five builders: (check_on, timeout, name, entry, knobs, comm)."""
+    """Stage 1 shared by the five builders: options()'s tuple, in its order, and the communicator:
+    (name, entry, knobs, check_on, timeout, comm)."""
     if knobs and algorithm == "auto":
         raise ValueError("mpicoll: knobs need a named algorithm, not 'auto'")
-    name, entry, knobs, check_on, timeout = options(collective, algorithm, check, timeout, knobs)
-    return check_on, timeout, name, entry, knobs, check_intracomm(comm)
+    return options(collective, algorithm, check, timeout, knobs) + (check_intracomm(comm),)
 
 
 def counts_of(counts, p: int, what: str = "counts") -> list:
@@ -501,7 +501,7 @@ def _staged(plan: Plan, stage) -> Plan:
 
 def scatter(x, root=0, *, comm=None, out=None, counts=None, algorithm="auto", check=None, timeout=None,
             knobs=None, nonblocking=False) -> Plan:
-    check_on, timeout, name, entry, knobs, comm = _family_args("scatter", algorithm, check, timeout, knobs, comm)
+    name, entry, knobs, check_on, timeout, comm = _family_args("scatter", algorithm, check, timeout, knobs, comm)
     p, rank = comm.Get_size(), comm.Get_rank()
     root = root_of(root, p)
     is_root = rank == root
@@ -548,7 +548,7 @@ def scatter(x, root=0, *, comm=None, out=None, counts=None, algorithm="auto", ch
 
 def gather(x, root=0, *, comm=None, out=None, counts=None, algorithm="auto", check=None, timeout=None,
            knobs=None, nonblocking=False) -> Plan:
-    check_on, timeout, name, entry, knobs, comm = _family_args("gather", algorithm, check, timeout, knobs, comm)
+    name, entry, knobs, check_on, timeout, comm = _family_args("gather", algorithm, check, timeout, knobs, comm)
     p, rank = comm.Get_size(), comm.Get_rank()
     root = root_of(root, p)
     is_root = rank == root
@@ -587,7 +587,7 @@ def gather(x, root=0, *, comm=None, out=None, counts=None, algorithm="auto", che
 
 def allgatherv(x, counts, *, comm=None, out=None, algorithm="auto", check=None, timeout=None, knobs=None,
                nonblocking=False) -> Plan:
-    check_on, timeout, name, entry, knobs, comm = _family_args("allgatherv", algorithm, check, timeout, knobs,
+    name, entry, knobs, check_on, timeout, comm = _family_args("allgatherv", algorithm, check, timeout, knobs,
                                                                comm)
     p, rank = comm.Get_size(), comm.Get_rank()
     arr, stage = buffers.as_input(x)
@@ -640,7 +640,7 @@ def _alltoall_plan(collective, comm, arr, result, scounts, rcounts, name, entry,
 
 def alltoall(x, *, comm=None, out=None, algorithm="auto", check=None, timeout=None, knobs=None,
              nonblocking=False) -> Plan:
-    check_on, timeout, name, entry, knobs, comm = _family_args("alltoall", algorithm, check, timeout, knobs, comm)
+    name, entry, knobs, check_on, timeout, comm = _family_args("alltoall", algorithm, check, timeout, knobs, comm)
     p = comm.Get_size()
     arr, stage = buffers.as_input(x)
     if arr.ndim == 0 or arr.shape[0] != p:
@@ -658,7 +658,7 @@ def alltoall(x, *, comm=None, out=None, algorithm="auto", check=None, timeout=No
 
 def alltoallv(x, sendcounts, recvcounts, *, comm=None, out=None, algorithm="auto", check=None, timeout=None,
               knobs=None, nonblocking=False) -> Plan:
-    check_on, timeout, name, entry, knobs, comm = _family_args("alltoallv", algorithm, check, timeout, knobs,
+    name, entry, knobs, check_on, timeout, comm = _family_args("alltoallv", algorithm, check, timeout, knobs,
                                                                comm)
     p = comm.Get_size()
     arr, stage = buffers.as_input(x)

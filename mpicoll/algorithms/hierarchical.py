@@ -125,8 +125,12 @@ def allreduce(ctx, buf, red, src=None, *, chunk_bytes=shm.CHUNK_BYTES, sync=None
         yield from shm.pipeline(ctx, info, buf, red, src, chunk_bytes, sync=sync)
         return
     _check_cross(cross)
-    if cross is None:  # run without the plan layer's prepare (a driver calling the schedule itself)
-        cross = cross_choice(ctx.st, buf.size, buf.itemsize, red.dtype, red.op, chunk_bytes).name
+    if cross is None:
+        # The decision belongs to prepare (the plan layer's, or a driver's
+        # own: simulate decides it as prepare does); a schedule never
+        # selects (docs/architecture.md, layers).
+        raise ValueError("mpicoll: hierarchical across nodes runs with its cross algorithm decided by its "
+                         "prepare (knob cross); it was not given")
 
     me = info.local_rank
     if info.uniform:
