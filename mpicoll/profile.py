@@ -21,9 +21,21 @@ The file::
 
 A rule covers ``p_min <= p <= p_max`` and ``bytes_min <= nbytes < bytes_max``
 (``null`` bounds are open) for dtypes MPI can reduce natively or not
-(``native_dtype``). The first matching rule wins; the tuner writes the
-measured rules before the model's, so a measured process count is decided
-by measurement and other counts by the model.
+(``native_dtype``), and, within its p range, only the process counts of
+its ``p_kind``: ``"any"`` (the default; a rule without the field means
+this, and "any" is written by leaving the field out), ``"power_of_two"``
+or ``"other"``. The kind exists because on some networks the winner
+depends on whether p is a power of two (Rabenseifner's fold costs it
+1.8-1.9x at other p on 1 Gbit/s, docs/scale.md), so a rule drawn from
+p = 64 must not decide p = 56. The first matching rule wins; the tuner
+writes the measured rules before the model's, so a measured process
+count is decided by measurement and other counts by the model.
+
+``source`` says where a rule came from: ``"measured"`` (``mpicoll.tune``
+timed it on this machine), ``"model"`` (the tuner's fitted cost model
+predicted it) or ``"simulated"`` (``python -m mpicoll.simulate
+--profile-out`` simulated it on a SimGrid platform). ``auto`` says which
+in its reason.
 
 select.py stays a pure function: the caller loads the profile here and
 passes it in.
@@ -43,7 +55,13 @@ from .model import Model
 ENV_TUNING_FILE = "MPICOLL_TUNING_FILE"
 FORMAT = "mpicoll-tuning"
 VERSION = 1
-SOURCES = ("measured", "model")
+SOURCES = ("measured", "model", "simulated")
+# Which process counts a rule covers within its [p_min, p_max].
+P_KINDS = ("any", "power_of_two", "other")
+
+
+def is_power_of_two(p: int) -> bool:
+    return p > 0 and p & (p - 1) == 0
 
 
 class Rule(NamedTuple):
@@ -56,17 +74,32 @@ class Rule(NamedTuple):
     native_dtype: bool = True
     source: str = "measured"
     note: str = ""
+    # Last, so that the positional Rule(...) calls written before it still
+    # mean what they meant ("any": every p in the range).
+    p_kind: str = "any"
 
     def matches(self, p: int, nbytes: int, native_dtype: bool) -> bool:
         return (self.native_dtype == native_dtype and self.p_min <= p and (self.p_max is None or p <= self.p_max)
-                and self.bytes_min <= nbytes and (self.bytes_max is None or nbytes < self.bytes_max))
+                and self.bytes_min <= nbytes and (self.bytes_max is None or nbytes < self.bytes_max)
+                and (self.p_kind == "any" or (self.p_kind == "power_of_two") == is_power_of_two(p)))
 
     def describe(self) -> str:
         ps = f"p={self.p_min}" if self.p_max == self.p_min else \
             f"p in [{self.p_min}, {'inf' if self.p_max is None else self.p_max}]"
+        kind = {"any": "", "power_of_two": " (powers of two only)", "other": " (not powers of two)"}.get(
+            self.p_kind, f" (p_kind {self.p_kind!r})")
         bs = f"[{self.bytes_min}, {'inf' if self.bytes_max is None else self.bytes_max}) B"
         seg = f", segments of {self.segment_bytes} B" if self.segment_bytes else ""
-        return f"{ps}, {bs}{seg}"
+        return f"{ps}{kind}, {bs}{seg}"
+
+    def to_json(self) -> dict:
+        d = self._asdict()
+        # "any" is what a rule without the field means: left out, a profile
+        # that needs no kind stays readable by versions that predate it
+        # (they reject unknown fields).
+        if d["p_kind"] == "any":
+            del d["p_kind"]
+        return d
 
 
 def _rule_from_json(d: dict) -> Rule:
@@ -90,7 +123,7 @@ def _rule_from_json(d: dict) -> Rule:
     r = Rule(p_min=opt_int("p_min", 1), p_max=opt_int("p_max", 1), bytes_min=opt_int("bytes_min", 0),
              bytes_max=opt_int("bytes_max", 0), algorithm=d["algorithm"],
              segment_bytes=opt_int("segment_bytes", 1), native_dtype=d.get("native_dtype", True),
-             source=d.get("source", "measured"), note=d.get("note", ""))
+             source=d.get("source", "measured"), note=d.get("note", ""), p_kind=d.get("p_kind", "any"))
     if not isinstance(r.algorithm, str) or not r.algorithm or r.algorithm == "auto":
         raise ValueError(f"rule algorithm must be an algorithm name, got {r.algorithm!r}")
     if not isinstance(r.native_dtype, bool):
@@ -99,6 +132,8 @@ def _rule_from_json(d: dict) -> Rule:
         raise ValueError(f"rule note must be a string, got {r.note!r}")
     if not isinstance(r.source, str) or r.source not in SOURCES:
         raise ValueError(f"rule source must be one of {SOURCES}, got {r.source!r}")
+    if not isinstance(r.p_kind, str) or r.p_kind not in P_KINDS:
+        raise ValueError(f"rule p_kind must be one of {P_KINDS}, got {r.p_kind!r}")
     if r.p_max is not None and r.p_max < r.p_min or r.bytes_max is not None and r.bytes_max <= r.bytes_min:
         raise ValueError(f"empty range in rule {d!r}")
     if r.segment_bytes is not None:
@@ -135,7 +170,7 @@ class Profile:
 
     def to_json(self) -> dict:
         return {"format": FORMAT, "version": VERSION, "meta": self.meta,
-                "rules": [r._asdict() for r in self.rules],
+                "rules": [r.to_json() for r in self.rules],
                 "model": None if self.model is None else self.model.to_json(),
                 "measurements": self.measurements}
 

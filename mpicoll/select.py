@@ -243,11 +243,16 @@ def _uneven_links(p, nbytes, weights, available) -> Optional[Choice]:
                   knobs=(("weights", tuple(weights)),))
 
 
+# How a profile rule's reason names where the rule came from (profile.SOURCES).
+_RULE_SOURCES = {"measured": "measured on this machine", "model": "predicted by the fitted cost model",
+                 "simulated": "simulated on a SimGrid platform"}
+
+
 def _from_profile(profile, p, nbytes, native_dtype, available) -> Optional[Choice]:
     where = profile.path or "tuning profile"
     rule = profile.lookup(p, nbytes, native_dtype, available)
     if rule is not None:
-        what = "measured on this machine" if rule.source == "measured" else "predicted by the fitted cost model"
+        what = _RULE_SOURCES.get(rule.source, rule.source)
         note = f": {rule.note}" if rule.note else ""
         return Choice(rule.algorithm, f"profile entry ({what}) in {where}: {rule.describe()}{note}",
                       rule.segment_bytes)

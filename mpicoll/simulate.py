@@ -734,7 +734,16 @@ def summarize(rows: List[dict], plat: Platform, ppn: int, native: Dict[tuple, fl
 def profile_from(summary: List[dict], plat: Platform, ppn: int):
     """A tuning profile whose rules pick each (p, size)'s simulated best: a
     rule covers the process counts above the previous simulated p up to this
-    one (the largest: and beyond), and sizes from this one up to the next."""
+    one (the largest: and beyond), and sizes from this one up to the next
+    (the smallest simulated size is where the rules start: smaller messages
+    are left to select's defaults).
+
+    When the simulated p include powers of two and other counts, the two are
+    written as separate series (rules of ``p_kind`` "power_of_two" and
+    "other"), each covering p from 2 up on its own: on 1 Gbit/s the winner
+    depends on whether p is a power of two (Rabenseifner's fold costs it
+    1.8-1.9x at other p, docs/scale.md), so p = 56 must take p = 48's pick,
+    not p = 64's. With one kind only, one series of kind "any", as before."""
     from . import profile
 
     def plain_best(s):
@@ -745,19 +754,27 @@ def profile_from(summary: List[dict], plat: Platform, ppn: int):
             cand["mpi"] = s["mpi_priced"]
         return min(cand.items(), key=lambda kv: kv[1]) if cand else None
 
-    rules = []
     ps = sorted({s["p"] for s in summary})
-    for i, p in enumerate(ps):
-        rows = sorted(((s, plain_best(s)) for s in summary if s["p"] == p and plain_best(s)),
-                      key=lambda sb: sb[0]["bytes"])
-        for j, (s, (name, t)) in enumerate(rows):
-            rules.append(profile.Rule(
-                p_min=ps[i - 1] + 1 if i else 2, p_max=None if i == len(ps) - 1 else p,
-                bytes_min=0 if j == 0 else s["bytes"],
-                bytes_max=rows[j + 1][0]["bytes"] if j + 1 < len(rows) else None,
-                algorithm=name, source="model",
-                note=f"simulated by SimGrid on {os.path.basename(plat.path)} at p={p}, {ppn} per node, "
-                     f"{s['bytes']} B: {t * 1e6:.1f} us"))
+    pow2 = [p for p in ps if profile.is_power_of_two(p)]
+    other = [p for p in ps if not profile.is_power_of_two(p)]
+    series = [("power_of_two", pow2), ("other", other)] if pow2 and other else [("any", ps)]
+    rules = []
+    for kind, kps in series:
+        for i, p in enumerate(kps):
+            rows = sorted(((s, plain_best(s)) for s in summary if s["p"] == p and plain_best(s)),
+                          key=lambda sb: sb[0]["bytes"])
+            for j, (s, (name, t)) in enumerate(rows):
+                rules.append(profile.Rule(
+                    p_min=kps[i - 1] + 1 if i else 2, p_max=None if i == len(kps) - 1 else p,
+                    # from the smallest simulated size, not from 0 B: below it the
+                    # ranking changes (latency terms; at 1 KiB the ring was 7-13x
+                    # recursive doubling's time where 1 MiB picked the ring), and
+                    # select's defaults decide what nobody simulated
+                    bytes_min=s["bytes"],
+                    bytes_max=rows[j + 1][0]["bytes"] if j + 1 < len(rows) else None,
+                    algorithm=name, source="simulated", p_kind=kind,
+                    note=f"simulated by SimGrid on {os.path.basename(plat.path)} at p={p}, {ppn} per node, "
+                         f"{s['bytes']} B: {t * 1e6:.1f} us"))
     meta = {"host": f"simulated: {plat.path}", "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "simulated_p": ps, "ppn": ppn, "tool": "python -m mpicoll.simulate"}
     return profile.Profile(rules, meta=meta)

@@ -60,6 +60,12 @@ MUTATIONS = {
     "rule note a list": _set(["rules", 0, "note"], ["x"]),
     "rule note an object": _set(["rules", 0, "note"], {"x": 1}),
     "rule source a list": _set(["rules", 0, "source"], ["measured"]),
+    "rule p_kind unknown": _set(["rules", 0, "p_kind"], "odd"),
+    "rule p_kind a number": _set(["rules", 0, "p_kind"], 2),
+    "rule p_kind null": _set(["rules", 0, "p_kind"], None),
+    "rule p_kind a list": _set(["rules", 0, "p_kind"], ["any"]),
+    "rule p_kind true": _set(["rules", 0, "p_kind"], True),
+    "rule p_kind valid, other": _set(["rules", 0, "p_kind"], "other"),  # accepted: must be usable
     "rule native_dtype a string": _set(["rules", 0, "native_dtype"], "yes"),
     "rule segment_bytes a string": _set(["rules", 1, "segment_bytes"], "262144"),
     "rule segment_bytes on mpi": _set(["rules", 0, "segment_bytes"], 4096),

@@ -234,7 +234,8 @@ def test_summary_regret_and_profile(tmp_path):
     prof = simulate.profile_from(list(s.values()), plat, 8)
     profile.save(prof, str(tmp_path / "t.json"))
     loaded = profile.load(str(tmp_path / "t.json"))
-    assert simulate.auto_choice(64, 1 << 20, 8, profile=loaded).name == "ring"
+    c = simulate.auto_choice(64, 1 << 20, 8, profile=loaded)
+    assert c.name == "ring" and "(simulated on a SimGrid platform)" in c.reason, c.reason
     assert simulate.auto_choice(512, 4, 8, profile=loaded).name == "mpi"
 
 

@@ -50,6 +50,8 @@ def test_profile_round_trip(tmp_path):
     (lambda d: d["rules"][0].update(algorithm="auto"), "algorithm"),
     (lambda d: d["rules"][0].update(bytes_max=0), "bytes_max|empty range"),
     (lambda d: d["rules"][0].update(source="guess"), "source"),
+    (lambda d: d["rules"][0].update(p_kind="pow2"), "p_kind"),
+    (lambda d: d["rules"][0].update(p_kind=None), "p_kind"),
     (lambda d: d["rules"][0].update(colour="red"), "unknown rule fields"),
     (lambda d: d["rules"][0].pop("algorithm"), "lacks algorithm"),
     (lambda d: d["model"]["params"]["p2p"].pop("beta"), "malformed model"),
