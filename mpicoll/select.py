@@ -339,8 +339,16 @@ SHM_MAX_BLOCK_BYTES = 4 << 20
 # vs 62), 256 KiB - 1 MiB the ring (105 vs 127, 357 vs 520). p=3 (three
 # ranks on two cores): 16 KiB - 4 MiB shm 42-1846 vs ring 52-2355 (1 MiB
 # 239 vs 475). p=4: 16 KiB - 4 MiB shm 45-2986 vs ring 73-3309, mpi 81-5020;
-# at 8 KiB mpi (58 vs 74). ranks per node -> (from, to) bytes.
-SHM_DIRECT_RANGE = {2: (8 << 10, 64 << 10), 3: (16 << 10, 4 << 20), 4: (16 << 10, 4 << 20)}
+# at 8 KiB mpi (58 vs 74). Measured again at p=2 on a later session's
+# machine (same command, --sizes 64K..8M, two runs), shm's C path won from
+# 64 KiB to 4 MiB: 64 KiB 8.4 vs ring 18.1, 256 KiB 16.1 vs 36.5, 1 MiB
+# 59.4 vs 111.9, 2 MiB 128.9 vs 209.1, 4 MiB 305 vs 333 us (MPI_Allreduce
+# 18.1 / 43.7 / 154.6 / 290.5 / 502.5); 8 MiB the ring (6.4-6.7 vs 7.6
+# GB/s); 8-32 KiB shm too (1.5 vs 1.2, 2.8 vs 1.2, 4.9 vs 2.2 GB/s). The
+# earlier p=2 runs' 256 KiB - 1 MiB figures for shm were 4-8x these: the
+# upper end follows the later ones, as p=3-4's does. ranks per node ->
+# (from, to) bytes.
+SHM_DIRECT_RANGE = {2: (8 << 10, 4 << 20), 3: (16 << 10, 4 << 20), 4: (16 << 10, 4 << 20)}
 # Nonblocking and persistent calls (shm's C path runs them too, a sync
 # tested per pass) against the others' nonblocking forms: `iallreduce(x,
 # out=y, algorithm=A).wait()`, median of 5 interleaved rounds, slowest

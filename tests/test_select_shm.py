@@ -48,7 +48,7 @@ def test_one_node_blocking_calls_take_shm_in_c_from_8_kib_on_up_to_four_ranks():
         for nbytes, want in ((lo - 1, "mpi"), (lo, "shm"), (hi, "shm"), (hi + 1, "ring")):
             got = select.allreduce(k, nbytes, "sum", "float32", ranks_per_node=k, nodes=1, nonblocking=True).name
             assert got == want, (k, nbytes, got)
-    assert select.allreduce(2, 1 << 20, "sum", "float32", ranks_per_node=2, nodes=1).name == "ring"
+    assert select.allreduce(2, 8 << 20, "sum", "float32", ranks_per_node=2, nodes=1).name == "ring"
     # not on several nodes, nor with one rank per node
     lo = select.SHM_DIRECT_RANGE[2][0]
     assert select.allreduce(4, lo, "sum", "float32", ranks_per_node=2, nodes=2).name != "shm"
@@ -61,12 +61,14 @@ def test_one_node_uses_the_ring_up_to_four_ranks_then_shm_for_long_messages():
     many = select.SHM_MIN_RANKS_PER_NODE
     # up to 4 ranks per node, beyond shm's C-path ranges: the compiled ring
     # (measured faster than shm's schedule) from 256 KiB, the library below
-    assert select.allreduce(2, big, "sum", "float32", ranks_per_node=2, nodes=1).name == "ring"
+    hi = select.SHM_DIRECT_RANGE[2][1]
+    assert select.allreduce(2, hi + 1, "sum", "float32", ranks_per_node=2, nodes=1).name == "ring"
     assert select.allreduce(2, 8 << 20, "sum", "float16", native_dtype=False, ranks_per_node=2).name == "ring"
     assert select.allreduce(2, 64 << 20, "sum", "float32", ranks_per_node=2, nodes=1).name == "ring"
     assert select.allreduce(few, 64 << 20, "sum", "float32", ranks_per_node=few, nodes=1, nonblocking=True).name \
         == "ring"
-    assert select.allreduce(2, big - 1, "sum", "float32", ranks_per_node=2, nodes=1).name == "mpi"
+    assert select.allreduce(2, select.SHM_DIRECT_RANGE[2][0] - 1, "sum", "float32", ranks_per_node=2,
+                            nodes=1).name == "mpi"
     # more ranks per node: shm, up to 4 MiB blocks per rank, then the ring again
     assert select.allreduce(many, big, "sum", "float32", ranks_per_node=many, nodes=1).name == "shm"
     assert select.allreduce(8, 16 << 20, "sum", "float16", native_dtype=False, ranks_per_node=8).name == "shm"
