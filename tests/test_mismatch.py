@@ -115,7 +115,13 @@ def test_check_argument_and_agreeing_calls():
 def test_receive_size_check(extra, driver):
     """The always-on check of both drivers: a short message and a long
     (truncated) one both raise MismatchError on the receiving rank; the
-    sender is unaffected."""
+    sender is unaffected.
+
+    Each rank records what its calls raised and the verdicts are compared
+    after an allgather: a rank whose check failed to raise (or raised
+    something else) must fail the test, not leave the other rank waiting
+    in a barrier - without the nonblocking driver's size check the old
+    form of this test hung instead of failing."""
     from mpicoll import engine
 
     st = state(comm)
@@ -131,19 +137,27 @@ def test_receive_size_check(extra, driver):
         else:
             engine.start(gen()).wait()
 
+    def outcome(tag, *make):
+        """None, or (exception class, message): reported, never raised."""
+        try:
+            run(tag, *make)
+        except Exception as exc:
+            return "MismatchError" if isinstance(exc, mpicoll.MismatchError) else type(exc).__name__, str(exc)
+        return None
+
+    got = [None, None]
     if comm.rank == 1:
-        buf = np.zeros(8, np.uint8)
-        with pytest.raises(mpicoll.MismatchError, match="expected 8 bytes from rank 0"):
-            run(30001, lambda c: c.recv(buf, 0))
+        got[0] = outcome(30001, lambda c: c.recv(np.zeros(8, np.uint8), 0))
     elif comm.rank == 0:
-        run(30001, lambda c: c.send(np.zeros(8 + extra, np.uint8), 1))
+        got[0] = outcome(30001, lambda c: c.send(np.zeros(8 + extra, np.uint8), 1))
     if comm.rank in (0, 1):
         other = 1 - comm.rank
         recvbuf = np.zeros(8, np.uint8)
         sendbuf = np.zeros(8 + (extra if comm.rank == 0 else 0), np.uint8)
-        if comm.rank == 1:
-            with pytest.raises(mpicoll.MismatchError, match="disagree"):
-                run(30002, lambda c: c.recv(recvbuf, other), lambda c: c.send(sendbuf, other))
-        else:
-            run(30002, lambda c: c.recv(recvbuf, other), lambda c: c.send(sendbuf, other))
-    comm.Barrier()
+        got[1] = outcome(30002, lambda c: c.recv(recvbuf, other), lambda c: c.send(sendbuf, other))
+    verdicts = comm.allgather(got)
+    assert verdicts[0] == [None, None], f"the sender: {verdicts[0]}"
+    (cls0, msg0), (cls1, msg1) = (v or (None, "") for v in verdicts[1])
+    assert cls0 == "MismatchError" and "expected 8 bytes from rank 0" in msg0, verdicts[1]
+    assert cls1 == "MismatchError" and "disagree" in msg1, verdicts[1]
+    assert all(v == [None, None] for v in verdicts[2:]), verdicts

@@ -332,7 +332,13 @@ def test_same_bits_as_the_blocking_algorithm(algorithm):
     MPI, independent of the two under test - give the same bits, for counts
     0, 1, p-1 and not divisible by p. The data make the order of the
     additions show in the bits: at p >= 3 another schedule's result differs
-    (checked), so agreement is not an accident of the data."""
+    (checked), so agreement is not an accident of the data.
+
+    All three run the same generator, so a bug in the schedule itself (a
+    block combined twice, a contribution dropped) would make them agree on
+    a wrong answer: the simulated bits are also checked against numpy's
+    float64 sum of the inputs, which shares nothing with the schedule, to
+    within float32 rounding of p additions."""
     comm = MPI.COMM_WORLD
     p = comm.size
     other = "ring" if algorithm != "ring" else "tree"  # (at p=3 the others all add left to right)
@@ -340,6 +346,12 @@ def test_same_bits_as_the_blocking_algorithm(algorithm):
     for n in sorted({0, 1, max(p - 1, 1), 5, 1001, 70001}):
         xs = _order_sensitive(n, p)
         want = _simulated(algorithm, xs)[comm.rank]
+        stacked = np.stack(xs).astype(np.float64) if n else np.zeros((p, 0))
+        # p float32 additions: each rounds by at most eps/2 of a partial sum
+        # no larger than the sum of magnitudes.
+        tol = p * np.finfo(np.float32).eps * np.abs(stacked).sum(axis=0)
+        np.testing.assert_array_less(np.abs(want.astype(np.float64) - stacked.sum(axis=0)), tol + 1e-30,
+                                     err_msg=f"{algorithm}: the schedule's sum is not numpy's, n={n}")
         order_shows |= want.tobytes() != _simulated(other, xs)[comm.rank].tobytes()
         for i in range(3):  # a new plan, then the kept one (compiled below 64 KiB)
             a = mpicoll.allreduce(xs[comm.rank], algorithm=algorithm)

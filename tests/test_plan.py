@@ -228,15 +228,57 @@ def test_many_outstanding_different_collectives():
 
 
 @pytest.mark.mpi
-def test_done_callbacks():
+@pytest.mark.parametrize("mode", ["thread", "no-thread"])
+def test_done_callbacks(mode):
+    """Callbacks added to a pending request run once each, in the order they
+    were added, on completion and before wait() returns, and see the
+    request done; one added after completion runs at once.
+
+    Registered on a request that is pending for certain: one rank (``late``)
+    starts its all-reduce only after a barrier that the others enter once
+    their callbacks are in, so on those ranks nothing - progress thread
+    included - can complete the call before then. (The earlier form added
+    one callback to a request that the progress thread could already have
+    completed, at p = 1 always: which path it tested was a race, and a
+    single pending callback cannot show an order.) Each rank late once
+    (two rounds at most); verdicts compared after an allgather, so that a
+    failing rank does not leave the others in a collective."""
+    from mpicoll import engine
+
     comm = MPI.COMM_WORLD
-    seen = []
-    req = mpicoll.iallreduce(np.ones(100_000, np.float32))
-    req.add_done_callback(lambda r: seen.append(("first", r.done)))
-    req.wait()
-    req.add_done_callback(lambda r: seen.append(("late", r.done)))  # already complete: at once
-    assert seen == [("first", True), ("late", True)]
-    assert comm.allreduce(len(seen)) == 2 * comm.size
+    p, rank = comm.size, comm.rank
+    was = engine._engine.enabled
+    engine.set_progress_thread(mode == "thread")
+    verdicts = []
+    try:
+        # The communicator's first call sets up its state collectively (a
+        # duplicate): done here, so that the rounds' calls start alone.
+        mpicoll.iallreduce(np.ones(100_000, np.float32), algorithm="ring").wait()
+        for late in range(min(p, 2)):
+            seen = []
+            x = np.ones(100_000, np.float32)
+            if rank == late:
+                comm.Barrier()
+            req = mpicoll.iallreduce(x, algorithm="ring")
+            for name in ("first", "second", "third"):
+                req.add_done_callback(lambda r, name=name: seen.append((name, r.done)))
+            pending = not req.done
+            if rank != late:
+                comm.Barrier()
+            got = req.wait()
+            ran_before_return = list(seen)
+            req.add_done_callback(lambda r: seen.append(("late", r.done)))  # already complete: at once
+            verdicts.append((rank, late, pending, ran_before_return, seen, bool((got == p).all())))
+    finally:
+        engine.set_progress_thread(was)
+    everyone = [v for vs in comm.allgather(verdicts) for v in vs]
+    in_order = [("first", True), ("second", True), ("third", True)]
+    for r, late, pending, before, seen, right in everyone:
+        assert right, f"rank {r}: wrong sum"
+        assert before == in_order, f"rank {r} (late: {late}), {mode}: callbacks before wait() returned: {before}"
+        assert seen == in_order + [("late", True)], f"rank {r}, {mode}: {seen}"
+        if r != late and p > 1:
+            assert pending, f"rank {r}: the call completed before the late rank {late} started it"
 
 
 @pytest.mark.mpi

@@ -230,7 +230,13 @@ def test_small_auto_calls_make_no_node_communicators():
 def test_flag_test_sees_a_peer_only_after_it_publishes():
     """The nonblocking test of a flag sync: False until the last rank of the
     node has set its counter, True after, with the data it wrote before
-    visible (acquire loads of counters set by other processes)."""
+    visible (acquire loads of counters set by other processes).
+
+    The ranks that posted first test before the last rank has: a test()
+    that looked at the rank's own counter (the flag it just set) instead of
+    every counter of the node would say True there. The verdicts are
+    compared together after the last collective: a rank failing alone
+    would leave the others waiting in a barrier (a hang, not a failure)."""
     import time
 
     comm = MPI.COMM_WORLD.Dup()
@@ -245,18 +251,21 @@ def test_flag_test_sees_a_peer_only_after_it_publishes():
         if me != last:
             sync.post()
         comm.Barrier()
-        before = sync.test() if me != last else False
+        before = sync.test() if me != last else None  # (the last rank has not posted: nothing to test)
         comm.Barrier()  # every rank has tested before the last one publishes
         if me == last:
             w.slot(me, 0).view(np.int64)[:1024] = np.arange(1024) + 7
             sync.post()
-        assert sync.wait(time.monotonic() + 60)
-        assert sync.test()
-        assert not before, "the test saw a counter the last rank had not set"
-        np.testing.assert_array_equal(w.slot(last, 0).view(np.int64)[:1024], np.arange(1024) + 7)
-        comm.Barrier()  # no rank frees the window while another reads it
+        waited = sync.wait(time.monotonic() + 60)
+        after = sync.test()
+        seen = bool((w.slot(last, 0).view(np.int64)[:1024] == np.arange(1024) + 7).all())
+        # (A collective after the reads: no rank frees the window while another reads it.)
+        verdicts = comm.allgather((me, before, waited, after, seen))
     finally:
         comm.Free()
+    assert [v[1] for v in verdicts if v[0] != last] == [False] * last, \
+        f"a test() saw a counter the last rank had not set (local rank, before, wait, after, data): {verdicts}"
+    assert all(v[2] and v[3] and v[4] for v in verdicts), f"wait/test/data after the last post: {verdicts}"
 
 
 @pytest.mark.parametrize("nonblocking", [False, True], ids=["blocking", "nonblocking"])
