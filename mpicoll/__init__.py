@@ -15,7 +15,7 @@ persistent (``*_init``) form.
 The layers (docs/architecture.md, lowest first): foundation (types, ops,
 kernels, the cost model) -> drivers and the registry (mpicoll.schedule,
 mpicoll.engine, mpicoll.registry) -> communicator state and decisions
-(mpicoll.comm, mpicoll.select) -> schedules (one per algorithm, in
+(mpicoll.commstate, mpicoll.select) -> schedules (one per algorithm, in
 mpicoll/algorithms/) -> plans (mpicoll.plan) -> the doors (this package's
 functions, mpicoll.Comm, the bucketer).
 """

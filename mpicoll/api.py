@@ -31,7 +31,7 @@ from . import arguments as _args
 from .persistent import Persistent
 from . import ops as _ops
 from . import select
-from .comm import _by_handle, check_intracomm
+from .commstate import _by_handle, check_intracomm
 from .plancache import MISS as _MISS, counts_key
 
 ENV_ALGORITHM = _args.ENV_ALGORITHM
@@ -359,7 +359,7 @@ def explain(nbytes: int, *, comm=None, op="sum", dtype="float32", nonblocking=Fa
     Collective on a communicator's first use (it settles the profile and
     layout every rank agrees on)."""
     from . import dtypes as _dtypes
-    from .comm import state
+    from .commstate import state
     from .mpitypes import reduces_natively
 
     comm = check_intracomm(comm)

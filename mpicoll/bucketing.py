@@ -49,7 +49,7 @@ from . import compression as _compression
 from . import dtypes as _dtypes
 from .compression import HalfPrecision, TopK  # noqa: F401  (re-exported by mpicoll/__init__.py)
 from . import ops as _ops
-from .comm import check_intracomm, state
+from .commstate import check_intracomm, state
 from .api import iallreduce
 from .engine import waitall
 

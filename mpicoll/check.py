@@ -98,7 +98,7 @@ def preflight(st, collective: str, check=None, *, count, dtype, op=None, algorit
     if timeout is None:
         st.comm.Allgather(mine, table)
     else:
-        from .comm import wait_until
+        from .commstate import wait_until
 
         wait_until(st.comm.Iallgather(mine, table), time.monotonic() + timeout, st.rank, collective,
                    "pre-flight agreement check (allgather of the call signatures)", st.seq, buffers=(mine, table))

@@ -88,7 +88,7 @@ from . import plan as _plan
 from . import arguments as _args
 from .persistent import Persistent
 from . import api as _api
-from .comm import state, wait_until
+from .commstate import state, wait_until
 # Buffer-spec parsing (specs.py) and the MPI type tables (mpitypes.py) live
 # in their own modules; this one holds the Comm class and its fast path.
 from .specs import (PLAIN_KINDS, _check_pair, _format_type, _in_place, _in_place_arg, _index, apart, parse, parse_v,

@@ -35,8 +35,8 @@ import os
 import numpy as np
 from mpi4py import MPI
 
-from .comm import ENV_FAKE_NODE_SIZE  # noqa: F401  (documented there)
-from .comm import CommState as _CommState
+from .commstate import ENV_FAKE_NODE_SIZE  # noqa: F401  (documented there)
+from .commstate import CommState as _CommState
 
 # ENV_FAKE_NODE_SIZE: emulation for tests on one machine, "nodes" of this
 # many consecutive ranks (MPI_Comm_split instead of MPI_Comm_split_type; the

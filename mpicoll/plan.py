@@ -12,7 +12,7 @@ messages. A plan is built in three stages, always in this order:
    and knobs. A mistake raises TypeError/ValueError on the rank that made
    it, before anything collective happens, so the others are not left
    waiting inside a collective that one rank never entered;
-2. **the communicator's state** (``comm.state``: a collective Dup on first
+2. **the communicator's state** (``commstate.state``: a collective Dup on first
    use, which also settles the tuning profile and node layout every rank
    agrees on);
 3. **the decision** ("auto" resolved by ``select`` from facts identical on
@@ -45,7 +45,7 @@ from . import schedule as _sched
 from .algorithms import mpi as _mpi
 from .algorithms.common import block_bounds, counts_to_bounds
 from .arguments import check_flag, env_settings, knobs_of, reduction, requested, root_of, timeout_of
-from .comm import check_intracomm, state, wait_until
+from .commstate import check_intracomm, state, wait_until
 from .kept import (KeptAllgather, KeptAllgatherv, KeptAllreduce, KeptAlltoall, KeptAlltoallv, KeptBcast, KeptGather,
                    KeptReduce, KeptReduceScatter, KeptScatter, _kept_rooted)
 from .mpitypes import reduces_natively

@@ -5,7 +5,7 @@ checks, the decision, the algorithm's set-up), several times what the MPI
 library needs for a short message. Most programs make the same few calls
 again and again - usually on *new* arrays of the same shape (a solver's dot
 product, ``mpicoll.allreduce(np.full(n, v))``, a torch tensor's fresh numpy
-view) - so each communicator's state (``comm.CommState.plans``) keeps what
+view) - so each communicator's state (``commstate.CommState.plans``) keeps what
 a call decided, keyed by everything the decision depends on: the
 collective, shape, dtype, op, root, the counts vectors of the v-forms (as
 tuples: a changed vector is another signature), algorithm asked for and

@@ -19,7 +19,7 @@ policy, written here once:
 
 The waits that use it: the blocking driver's wait for a batch and for a
 custom operation (schedule.py), a request's ``wait()`` driving the engine
-(engine.py), a set-up step under a deadline (comm.wait_until), a torch
+(engine.py), a set-up step under a deadline (commstate.wait_until), a torch
 ``Work.wait`` (torch/work.py), and shared-memory flag syncs
 (shmwindow.wait_flags, whose ``test`` is one round of the C wait: it spins
 and backs off with the GIL released, so the rounds replace ``spin_s`` and

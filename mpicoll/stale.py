@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .comm import check_intracomm
+from .commstate import check_intracomm
 from .api import iallreduce
 
 

@@ -43,7 +43,7 @@ from . import ops as _ops
 from . import profile as _profile
 from .bench import allreduce as _bench
 from .bench import timing as _timing
-from .comm import state
+from .commstate import state
 from .kernels import Reduction
 
 # Not `from . import algorithms`: the package attribute is mpicoll.algorithms(), the function.

@@ -21,7 +21,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from mpicoll import comm as _comm
+from mpicoll import commstate as _comm
 from mpicoll import plan as _plan
 from mpicoll.algorithms.hetero_ring import weights_for_links
 

@@ -238,7 +238,7 @@ def test_environment_forces_algorithm(monkeypatch):
 def test_freed_communicator_releases_state():
     comm = MPI.COMM_WORLD.Dup()
     mpicoll.allreduce(np.ones(3), comm=comm)
-    from mpicoll.comm import state
+    from mpicoll.commstate import state
 
     inner = state(comm).comm
     comm.Free()  # runs mpicoll's delete callback, which frees the duplicate

@@ -17,7 +17,7 @@ import pytest
 from mpi4py import MPI
 
 import mpicoll
-from mpicoll.comm import ENV_FAKE_NODE_SIZE
+from mpicoll.commstate import ENV_FAKE_NODE_SIZE
 
 K = 6  # user communicators per measurement
 

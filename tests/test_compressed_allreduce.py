@@ -13,7 +13,7 @@ from mpicoll.algorithms.common import block_bounds
 from mpicoll.arguments import reduction as _reduction
 from mpicoll.algorithms import get as get_algorithm
 from mpicoll.bench.wire import counting
-from mpicoll.comm import state
+from mpicoll.commstate import state
 from mpicoll import dtypes
 
 pytestmark = pytest.mark.mpi

@@ -9,7 +9,7 @@ from mpi4py import MPI
 
 import mpicoll
 from mpicoll import compression as C
-from mpicoll.comm import state
+from mpicoll.commstate import state
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 WIDE = {"fp16": np.float16, "bf16": ml_dtypes.bfloat16}

@@ -25,7 +25,7 @@ CASE = textwrap.dedent("""
     import sys
     import numpy as np
     from mpi4py import MPI
-    from mpicoll import comm as _comm, engine, schedule as _sched
+    from mpicoll import commstate as _comm, engine, schedule as _sched
 
     where = sys.argv[1]
 

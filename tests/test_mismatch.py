@@ -10,7 +10,7 @@ from mpi4py import MPI
 
 import mpicoll
 from mpicoll import schedule
-from mpicoll.comm import state
+from mpicoll.commstate import state
 
 pytestmark = pytest.mark.mpi
 

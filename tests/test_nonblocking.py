@@ -90,7 +90,7 @@ def test_outstanding_operations_of_one_kept_signature(algorithm, progress_mode):
         for i in range(k):
             want = sum(q + 10 * i + rnd for q in range(p))
             np.testing.assert_array_equal(outs[i], np.full(n, want, np.float32), err_msg=f"round {rnd}, call {i}")
-    from mpicoll.comm import state
+    from mpicoll.commstate import state
     for kept in state(comm).plans._d.values():
         exe = getattr(kept, "exe", None)
         if exe:

@@ -14,7 +14,7 @@ from mpi4py import MPI
 
 from mpicoll import engine
 from mpicoll import schedule as sched
-from mpicoll.comm import state
+from mpicoll.commstate import state
 from mpicoll.errors import MismatchError, PeerFailure
 
 

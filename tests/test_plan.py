@@ -409,7 +409,7 @@ def test_explain_says_where_shm_and_hierarchical_hand_off(comm, monkeypatch):
     assert c.name == "shm" and "runs as" not in c.reason, c
     from mpicoll import dtypes, ops, select
     from mpicoll.algorithms import hierarchical
-    from mpicoll.comm import state
+    from mpicoll.commstate import state
     from mpicoll.node import ENV_FAKE_NODE_SIZE
 
     if comm.size > 1:  # nodes of one rank each: shm runs as hierarchical, and explain() says what crosses

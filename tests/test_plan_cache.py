@@ -14,7 +14,7 @@ from mpi4py import MPI
 
 import mpicoll
 from mpicoll import api, plancache
-from mpicoll.comm import state
+from mpicoll.commstate import state
 
 pytestmark = pytest.mark.mpi
 

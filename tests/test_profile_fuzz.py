@@ -17,7 +17,7 @@ import pytest
 from mpi4py import MPI
 
 import mpicoll
-from mpicoll import comm as _comm
+from mpicoll import commstate as _comm
 from mpicoll import profile, select
 from test_tuning import example_profile
 

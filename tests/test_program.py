@@ -139,7 +139,7 @@ def test_simulated_mismatch_is_caught():
 def _mpi_state():
     from mpi4py import MPI
 
-    from mpicoll.comm import state
+    from mpicoll.commstate import state
     return state(MPI.COMM_WORLD, None, "allreduce")
 
 
@@ -192,7 +192,7 @@ def test_kept_allreduce_runs_compiled_and_matches_mpi():
     from mpi4py import MPI
 
     from mpicoll import executor
-    from mpicoll.comm import state
+    from mpicoll.commstate import state
     comm = MPI.COMM_WORLD.Dup()  # its plan cache holds this test's entries only
     try:
         p, r = comm.size, comm.rank

@@ -17,7 +17,7 @@ import pytest
 from mpi4py import MPI
 
 import mpicoll
-from mpicoll.comm import state
+from mpicoll.commstate import state
 
 pytestmark = pytest.mark.mpi
 

@@ -204,7 +204,7 @@ def test_auto_runs_hetero_ring_with_the_measured_weights():
     from mpi4py import MPI
 
     import mpicoll
-    from mpicoll.comm import state
+    from mpicoll.commstate import state
 
     comm = MPI.COMM_WORLD.Dup()
     try:

@@ -17,7 +17,7 @@ from conftest import IdenticalEverywhere, assert_identical_everywhere, exact_val
 from mpicoll import dtypes, ops
 from mpicoll import shmwindow
 from mpicoll.algorithms import get, shm
-from mpicoll.comm import state
+from mpicoll.commstate import state
 from mpicoll.kernels import Reduction
 from mpicoll.node import ENV_FAKE_NODE_SIZE, node_info
 

@@ -15,7 +15,7 @@ from mpi4py import MPI
 
 import mpicoll
 from conftest import exact_values, reference
-from mpicoll import comm as _comm
+from mpicoll import commstate as _comm
 from mpicoll import engine
 from mpicoll import schedule as _sched
 

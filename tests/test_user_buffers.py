@@ -12,7 +12,7 @@ import pytest
 from mpi4py import MPI
 
 import mpicoll
-from mpicoll import comm as _comm
+from mpicoll import commstate as _comm
 
 from conftest import assert_identical_everywhere
 

@@ -12,7 +12,7 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import mpicoll  # noqa: E402
 from conftest import exact_values, reference  # noqa: E402
 from mpicoll.bench.shm import link_tx_bytes  # noqa: E402
-from mpicoll.comm import state  # noqa: E402
+from mpicoll.commstate import state  # noqa: E402
 from mpicoll.node import node_info  # noqa: E402
 
 comm = MPI.COMM_WORLD

@@ -46,7 +46,7 @@ from .. import kernels as _kernels
 from .. import ops as _ops
 from .. import api as _api
 from .. import profile as _profile
-from ..comm import state
+from ..commstate import state
 from ..node import node_info
 from ..algorithms.mpi import _typed
 from ..kernels import Reduction

@@ -26,7 +26,7 @@ from mpi4py import MPI
 from ..algorithms import get as _get_algorithm
 from .. import compression as _cmp
 from ..arguments import reduction as _reduction
-from ..comm import state
+from ..commstate import state
 from .. import dtypes
 from .wire import counting
 

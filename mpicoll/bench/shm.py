@@ -34,7 +34,7 @@ from mpicoll import dtypes, ops
 from mpicoll.algorithms import get as _get
 
 _shm = _get("allreduce", "shm")
-from mpicoll.comm import state
+from mpicoll.commstate import state
 from mpicoll.kernels import Reduction
 from mpicoll.node import node_info
 
