@@ -230,6 +230,19 @@ BENCH_SHM_SIZES ?= 64K,256K,1M,4M,16M,64M
 bench-shm: $(STAMP)
 	@for n in 2 4; do timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n $(MPIRUN_PY) -m mpicoll.bench.shm --sizes $(BENCH_SHM_SIZES); done
 
+# The anchor of docs/shm.md: DeepSpeed's CPU shared-memory all-reduce
+# (through deepspeed.comm.inference_all_reduce) against mpicoll.bench.shm,
+# 2 ranks, alternating DS_ROUNDS times. DeepSpeed and torch (pinned: a CPU
+# build) go into a venv of their own; not part of `make test`.
+DS_VENV ?= .venv-deepspeed
+DS_ROUNDS ?= 3
+DS_SIZES ?= 8K 64K 1M
+.PHONY: bench-deepspeed-anchor
+bench-deepspeed-anchor: $(STAMP)
+	test -x $(DS_VENV)/bin/python || $(PYTHON) -m venv $(DS_VENV)
+	$(DS_VENV)/bin/pip install -q torch==2.13.0 deepspeed numpy ninja
+	scripts/deepspeed_anchor.sh $(DS_VENV)/bin/python "$(MPIEXEC)" $(PY) $(DS_ROUNDS) $(DS_SIZES)
+
 bench-testbed: $(STAMP)
 	timeout $(TEST_TIMEOUT) scripts/testbed.sh --hosts 2 --ppn 2 --rate 1gbit -- \
 	  $(abspath $(PY)) -m mpi4py -m mpicoll.bench.shm --sizes 256K,1M,4M,16M --algorithms auto,hierarchical,ring,rabenseifner
