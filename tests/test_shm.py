@@ -297,11 +297,12 @@ def test_mismatched_counts_raise_on_every_rank(nonblocking):
         comm.Free()
 
 
-def _kept_shm(comm):
-    return [k for k in state(comm).plans._d.values() if getattr(k, "name", None) == "shm"]
+def _kept_shm(comm, algorithm="shm"):
+    return [k for k in state(comm).plans._d.values() if getattr(k, "name", None) == algorithm]
 
 
-def test_direct_calls_meet_schedule_calls():
+@pytest.mark.parametrize("algorithm", ["shm", "hierarchical"])  # (on one node hierarchical is shm)
+def test_direct_calls_meet_schedule_calls(algorithm):
     """A kept shm call of one chunk runs in C (shm.direct), blocking or
     not, the others' through the schedule: ranks of both kinds meet, with the bits of the
     serial rank-ordered reduction on every rank, then with a MismatchError
@@ -327,40 +328,40 @@ def test_direct_calls_meet_schedule_calls():
                 if turn == rank:
                     state(comm).plans._d.clear()
                 x = inputs[rank].copy()
-                got = [mpicoll.allreduce(x, op=op, comm=comm, algorithm="shm")]
+                got = [mpicoll.allreduce(x, op=op, comm=comm, algorithm=algorithm)]
                 y = x.copy()
-                got.append(mpicoll.allreduce(y, op=op, out=y, comm=comm, algorithm="shm"))
+                got.append(mpicoll.allreduce(y, op=op, out=y, comm=comm, algorithm=algorithm))
                 # nonblocking: one alone (its wait finishes it in C), then three
                 # outstanding (the first in C, the others queued behind it)
-                got.append(mpicoll.iallreduce(x, op=op, comm=comm, algorithm="shm").wait())
-                reqs = [mpicoll.iallreduce(x, op=op, comm=comm, algorithm="shm") for _ in range(3)]
+                got.append(mpicoll.iallreduce(x, op=op, comm=comm, algorithm=algorithm).wait())
+                reqs = [mpicoll.iallreduce(x, op=op, comm=comm, algorithm=algorithm) for _ in range(3)]
                 got += [q.wait() for q in reqs[::-1]]
                 # persistent: every start through the same C path
-                pr = mpicoll.allreduce_init(x.copy(), op=op, comm=comm, algorithm="shm")
+                pr = mpicoll.allreduce_init(x.copy(), op=op, comm=comm, algorithm=algorithm)
                 got += [pr().copy(), pr().copy()]
                 runners.append(pr._direct)
                 pr.free()
                 # (collected, not asserted here: a rank that stopped would leave the others waiting)
                 wrong += [(n, dtype, op, turn) for g in got if g.tobytes() != want]
                 same.add(*got, what=f"{n} {dtype} {op} turn {turn}")
-            runners += [k.direct for k in _kept_shm(comm) if k.direct is not None]
+            runners += [k.direct for k in _kept_shm(comm, algorithm) if k.direct is not None]
         same.check()
         assert comm.allgather(wrong) == [[]] * p
         # Every kept call that was hit again has its C runner, and some were.
         assert comm.allreduce(int(bool(runners) and all(callable(r) for r in runners)), op=MPI.MIN) == 1
         x = np.ones(1000, np.float32)
         for _ in range(2):
-            mpicoll.allreduce(x, comm=comm, algorithm="shm")
+            mpicoll.allreduce(x, comm=comm, algorithm=algorithm)
         odd = rank == p - 1
         for _ in range(2):
-            mpicoll.iallreduce(x, comm=comm, algorithm="shm").wait()
+            mpicoll.iallreduce(x, comm=comm, algorithm=algorithm).wait()
         for door in (mpicoll.allreduce, lambda *a, **k: mpicoll.iallreduce(*a, **k).wait()):
             with pytest.raises(mpicoll.MismatchError) as info:
-                door(np.ones(1001 if odd else 1000, np.float32), comm=comm, algorithm="shm")
+                door(np.ones(1001 if odd else 1000, np.float32), comm=comm, algorithm=algorithm)
             assert info.value.field == "count"
             assert info.value.values == {4000: list(range(p - 1)), 4004: [p - 1]}
         for _ in range(2):
-            got = mpicoll.allreduce(np.full(1000, rank + 1.0, np.float32), comm=comm, algorithm="shm")
+            got = mpicoll.allreduce(np.full(1000, rank + 1.0, np.float32), comm=comm, algorithm=algorithm)
             np.testing.assert_array_equal(got, np.full(1000, p * (p + 1) / 2, np.float32))
     finally:
         comm.Free()
