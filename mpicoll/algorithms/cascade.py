@@ -106,6 +106,9 @@ class GroupContext:
     def scratch(self, name, n, dtype):
         return self.base.scratch(name, n, dtype)
 
+    def copy(self, dst, src):
+        return self.base.copy(dst, src)
+
 
 def prepare(st, buf, red=None, **knobs) -> None:
     """Call-time set-up (collective): the node layout, unless ``ppn`` gives it."""
@@ -118,8 +121,10 @@ def _check_cross(cross):
         raise ValueError(f"mpicoll: cascade cross must be one of {', '.join(CROSS)} (or None), got {cross!r}")
 
 
+# compilable: the messages depend on the layout, fixed per communicator,
+# never on the data; copies go through ctx.copy (program.py's contract).
 @register("allreduce", "cascade", knobs=("ppn", "cross"), prepare=prepare,
-          check_values=lambda knobs: _check_cross(knobs.get("cross")))
+          check_values=lambda knobs: _check_cross(knobs.get("cross")), compilable=True)
 def allreduce(ctx, buf, red, src=None, *, ppn=None, cross=None):
     _check_cross(cross)
     p, rank = ctx.size, ctx.rank
@@ -127,7 +132,7 @@ def allreduce(ctx, buf, red, src=None, *, ppn=None, cross=None):
         nodes = layout(p, ppn)  # checks ppn before anything else
     if p == 1:
         if src is not None:
-            buf[...] = src
+            ctx.copy(buf, src)
         return
     if ppn is None:
         nodes = node_info(ctx.st).node_ranks
@@ -163,7 +168,7 @@ def allreduce(ctx, buf, red, src=None, *, ppn=None, cross=None):
         if parts[j]:
             red.combine_many(buf[a:b], [own[a:b]] + parts[j])  # ours first, then local rank order
         elif src is not None:
-            buf[a:b] = src[a:b]
+            ctx.copy(buf[a:b], src[a:b])
 
     # 2. across nodes: shard j among its owners on every node, in increasing j
     # on every rank (a rank owning several shards takes part in several groups).
