@@ -102,11 +102,12 @@ def test_program_counts_match_the_counting_driver():
     red = reduction("sum", "float32")
     for name in COMPILABLE:
         sched = alg.get("allreduce", name).schedule
+        knobs = KNOBS.get(name, [{}])[0]  # (cascade: a layout; the simulation has no nodes)
         bufs = [np.ones(n, np.float32) for _ in range(p)]
         stats = counting.simulate(p, lambda ctx, s: sched(ctx, bufs[ctx.rank], counting.CountingReduction(red, s),
-                                                          None))
+                                                          None, **knobs))
         for r in range(p):
-            prog = program.record(sched, _St(r, p), n, np.float32, red, False)
+            prog = program.record(sched, _St(r, p), n, np.float32, red, False, knobs)
             sends = [s for s in prog.steps if s[0] == program.SEND]
             assert len(sends) == stats[r].messages, name
             assert sum(int(s[4]) for s in sends) == stats[r].bytes_sent, name
