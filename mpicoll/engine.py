@@ -479,6 +479,15 @@ class _Engine:
                                "engine (start, test, wait or a callback); steps run under the engine's lock, "
                                "which is not reentrant - call MPI directly there")
 
+    def stepping(self, fn, *args):
+        """``fn(*args)`` (a step, a finish, the list's advance) marked as run
+        by this thread under the lock, for _not_stepping. Lock held."""
+        self.stepper = threading.get_ident()
+        try:
+            return fn(*args)
+        finally:
+            self.stepper = None
+
     def thread_available(self) -> bool:
         return MPI.Is_initialized() and not MPI.Is_finalized() and MPI.Query_thread() == MPI.THREAD_MULTIPLE
 
@@ -488,11 +497,7 @@ class _Engine:
         if st is not None:
             st.hold()
         with self.lock:
-            self.stepper = threading.get_ident()
-            try:
-                req._start()
-            finally:
-                self.stepper = None
+            self.stepping(req._start)
             if not req._finished:
                 self.active.append(req)
                 if wake:
@@ -551,21 +556,20 @@ class _Engine:
     def _progress_locked(self):
         """(moved, [(finished request, its callbacks)] to settle after the
         lock is released)."""
+        return self.stepping(self._advance_all)
+
+    def _advance_all(self):
         moved = False
         still = []
         finished = []
-        self.stepper = threading.get_ident()
-        try:
-            for req in self.active:
-                steps = req._advance()  # never raises: errors stay on their request
-                moved = moved or steps != 0
-                if steps >= 0:
-                    still.append(req)
-                else:
-                    finished.append((req, req._callbacks))
-                    req._callbacks = []
-        finally:
-            self.stepper = None
+        for req in self.active:
+            steps = req._advance()  # never raises: errors stay on their request
+            moved = moved or steps != 0
+            if steps >= 0:
+                still.append(req)
+            else:
+                finished.append((req, req._callbacks))
+                req._callbacks = []
         self.active = still
         return moved, finished
 
@@ -667,11 +671,7 @@ class _Engine:
                 fns, req._callbacks = req._callbacks, []
         else:
             with self.lock:  # add_done_callback reads _finished under the lock
-                self.stepper = threading.get_ident()
-                try:
-                    req._end()
-                finally:
-                    self.stepper = None
+                self.stepping(req._end)
                 fns, req._callbacks = req._callbacks, []
         _settle(req, fns)
 
@@ -778,11 +778,7 @@ def finish_claimed(req: Request, settle, outcome) -> None:
     """End a request claimed by claim_alone: ``settle(outcome)`` under the
     lock (it ends or fails the request), then its callbacks."""
     with _engine.lock:
-        _engine.stepper = threading.get_ident()
-        try:
-            settle(outcome)
-        finally:
-            _engine.stepper = None
+        _engine.stepping(settle, outcome)
         fns, req._callbacks = req._callbacks, []
     _settle(req, fns)
 
