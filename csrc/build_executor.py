@@ -1,5 +1,7 @@
-"""Build mpicoll's schedule executor (csrc/executor.c) against the MPI library
-mpi4py runs on, in place: mpicoll/_executor_<mpi>.*.so.
+"""Build mpicoll's two modules that call MPI from C against the MPI library
+mpi4py runs on, in place: the schedule executor (csrc/executor.c, cffi:
+mpicoll/_executor_<mpi>.*.so) and the native calls (csrc/native.c, a
+CPython extension on numpy's C API: mpicoll/_native_<mpi>.*.so).
 
 Run it with the virtual environment's Python after installing mpicoll
 (``make install`` does)::
@@ -95,16 +97,44 @@ def builder(tag: str) -> FFI:
     return ffi
 
 
+def _install(built: str, name: str, tag: str) -> None:
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    dest = os.path.join(ROOT, "mpicoll", f"{name}{suffix}")
+    shutil.copyfile(built, dest + ".tmp")
+    os.replace(dest + ".tmp", dest)  # a running job never sees half a file
+    print(f"build_executor: {os.path.relpath(dest, ROOT)} (against {tag})")
+
+
+def build_native(tag: str, tmp: str) -> str:
+    """csrc/native.c as mpicoll._native_<tag>: a plain CPython extension
+    (it reads numpy arrays through numpy's C API, which cffi cannot), built
+    by setuptools' build_ext with the same MPI flags as the executor."""
+    import numpy
+    from setuptools import Distribution, Extension
+    from setuptools.command.build_ext import build_ext
+
+    incs, libs = mpi_flags()
+    ext = Extension(
+        f"_native_{tag}", [os.path.join(HERE, "native.c")],
+        include_dirs=[numpy.get_include()] + incs, library_dirs=libs, runtime_library_dirs=libs,
+        libraries=["mpi"],
+        extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-missing-field-initializers"]
+        + shlex.split(os.environ.get("MPICOLL_CFLAGS", "")),
+        extra_link_args=shlex.split(os.environ.get("MPICOLL_LDFLAGS", "")))
+    cmd = build_ext(Distribution({"ext_modules": [ext]}))
+    cmd.build_temp = os.path.join(tmp, "temp")
+    cmd.build_lib = os.path.join(tmp, "lib")
+    cmd.ensure_finalized()
+    cmd.run()
+    return cmd.get_ext_fullpath(ext.name)
+
+
 def main():
     tag = vendor_tag()
     tmp = os.path.join(ROOT, "build", f"executor-{tag}")
     os.makedirs(tmp, exist_ok=True)
-    built = builder(tag).compile(tmpdir=tmp, verbose=False)
-    suffix = sysconfig.get_config_var("EXT_SUFFIX")
-    dest = os.path.join(ROOT, "mpicoll", f"_executor_{tag}{suffix}")
-    shutil.copyfile(built, dest + ".tmp")
-    os.replace(dest + ".tmp", dest)  # a running job never sees half a file
-    print(f"build_executor: {os.path.relpath(dest, ROOT)} (against {tag})")
+    _install(builder(tag).compile(tmpdir=tmp, verbose=False), f"_executor_{tag}", tag)
+    _install(build_native(tag, os.path.join(ROOT, "build", f"native-{tag}")), f"_native_{tag}", tag)
 
 
 if __name__ == "__main__":

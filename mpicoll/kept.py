@@ -24,6 +24,7 @@ from mpi4py import MPI
 
 from . import engine
 from . import executor as _executor
+from . import native as _native
 from . import program as _program
 from . import schedule as _sched
 from .algorithms import mpi as _mpi
@@ -75,11 +76,18 @@ def _place(x, out, a: int, b: int) -> bool:
 
 
 class _KeptCall(_Kept):
-    __slots__ = ("call", "mode")
+    """``nat``: the call made from C (native.py), None where mpi4py makes it
+    (not built, turned off, nothing to exchange)."""
+
+    __slots__ = ("call", "mode", "nat")
 
     def __init__(self, st, call):
         super().__init__(st)
-        self.call, self.mode = call, 0
+        self.call, self.mode, self.nat = call, 0, None
+
+    def _native(self, kind, **how):
+        if self.call:
+            self.nat = _native.call(kind, self.st.comm, **how)
 
     def _usable(self, x) -> bool:
         return not self.st.freed and _plain(x) and _env_unchanged(self)
@@ -143,13 +151,15 @@ class KeptAllreduce(_Kept):
     plan bound to the call's arrays (``bind``: its schedule over them).
     ``mode``: 0 no out, 1 out is x, 2 another out (set by the front door)."""
 
-    __slots__ = ("name", "entry", "knobs", "red", "datatype", "op", "mode", "avg", "exe", "direct")
+    __slots__ = ("name", "entry", "knobs", "red", "datatype", "op", "mode", "avg", "exe", "direct", "nat")
 
     def __init__(self, st, name, entry, knobs, red, native):
         super().__init__(st)
         self.name, self.entry, self.knobs, self.red, self.mode = name, entry, knobs, red, 0
         self.avg = red.op.average
         self.datatype, self.op = _mpi._typed(red) if native else (None, None)
+        self.nat = (_native.call(_native.ALLREDUCE, st.comm, self.datatype, self.op)
+                    if native and st.size > 1 else None)
         # The schedule compiled for the C executor: None until the first
         # hit tries, then an executor.Executable or False (not compilable,
         # no executor, or turned off).
@@ -217,7 +227,7 @@ class KeptAllreduce(_Kept):
         elif mode == 1:
             if not fl.writeable:
                 return _MISS
-        elif not _free_out(out, x.shape, x.dtype, x):
+        elif not (_free_out(out, x.shape, x.dtype, x) if self.nat is None else self.nat.fits(x, out)):
             return _MISS
         if st.size == 1:
             if mode != 1:
@@ -246,7 +256,13 @@ class KeptAllreduce(_Kept):
                     self._schedule(x, out, tag, seq)  # (the same call number)
             else:
                 st.next_seq()
-                st.comm.Allreduce(_IN_PLACE if mode == 1 else [x, dt], [out, dt], self.op)
+                nat = self.nat
+                if nat is None:
+                    st.comm.Allreduce(_IN_PLACE if mode == 1 else [x, dt], [out, dt], self.op)
+                else:
+                    rc = nat.run(None if mode == 1 else x, out)
+                    if rc:
+                        _native.check(rc)
             if self.avg:
                 self.red.finish(out.reshape(-1), st.size)
         finally:
@@ -351,6 +367,7 @@ class KeptBcast(_KeptCall):
     def __init__(self, st, root, call):
         super().__init__(st, call)
         self.root = root
+        self._native(_native.BCAST, root=root)
 
     def _bufs(self, x, out):
         fl = x.flags
@@ -359,6 +376,8 @@ class KeptBcast(_KeptCall):
         return x, x, x
 
     def _blocking(self, x, out):
+        if self.nat is not None:
+            return _native.check(self.nat.run(None, x))
         self.st.comm.Bcast([x, MPI.BYTE], self.root)
 
     def _nonblocking(self, x, out):
@@ -374,6 +393,7 @@ class KeptReduce(_KeptCall):
     def __init__(self, st, datatype, op, red, root):
         super().__init__(st, st.size > 1)
         self.datatype, self.op, self.red, self.root = datatype, op, red, root
+        self._native(_native.REDUCE, datatype=datatype, op=op, root=root)
 
     def _bufs(self, x, out):
         if not self._usable(x):
@@ -398,6 +418,8 @@ class KeptReduce(_KeptCall):
         return MPI.IN_PLACE if out is x else [x, dt], [out, dt], self.op, self.root
 
     def _blocking(self, x, out):
+        if self.nat is not None:
+            return _native.check(self.nat.run(None if out is x else x, out))
         self.st.comm.Reduce(*self._args(x, out))
 
     def _nonblocking(self, x, out):
@@ -422,6 +444,7 @@ class KeptAllgather(_KeptCall):
         super().__init__(st, call)
         p = st.size
         self.spec = ([block] * p, [block * i for i in range(p)])
+        self._native(_native.ALLGATHERV, counts=self.spec[0], displs=self.spec[1])
 
     def _bufs(self, x, out):
         if not self._usable(x):
@@ -435,6 +458,8 @@ class KeptAllgather(_KeptCall):
         return x, out, out
 
     def _blocking(self, x, out):
+        if self.nat is not None:
+            return _native.check(self.nat.run(None, out))
         self.st.comm.Allgatherv(MPI.IN_PLACE, [out, self.spec, MPI.BYTE])
 
     def _nonblocking(self, x, out):
@@ -463,6 +488,7 @@ class _KeptRooted(_KeptCall):
     def __init__(self, st, root, counts, displs, call, shape, own):
         super().__init__(st, call)
         self.root, self.spec, self.shape, self.own = root, (counts, displs), shape, own
+        self._native(self.NATIVE, root=root, counts=counts, displs=displs)
 
 
 class KeptScatter(_KeptRooted):
@@ -470,6 +496,8 @@ class KeptScatter(_KeptRooted):
     path calls it. Root's x holds every block (``(p,) + s``, or flat with
     counts); another rank's x may be None (then ``out`` is required) and is
     not read."""
+
+    NATIVE = _native.SCATTERV
 
     def _bufs(self, x, out):
         st = self.st
@@ -504,6 +532,8 @@ class KeptScatter(_KeptRooted):
         return None, [out, MPI.BYTE], self.root
 
     def _blocking(self, x, out):
+        if self.nat is not None:
+            return _native.check(self.nat.run(x, None) if self.st.rank == self.root else self.nat.run(None, out))
         self.st.comm.Scatterv(*self._args(x, out))
 
     def _nonblocking(self, x, out):
@@ -514,6 +544,8 @@ class KeptGather(_KeptRooted):
     """gather(v): root places its own block (none to place when x already
     is that block of out), then MPI_Gatherv as the full path calls it; None
     off root."""
+
+    NATIVE = _native.GATHERV
 
     def _bufs(self, x, out):
         if not self._usable(x):
@@ -536,6 +568,8 @@ class KeptGather(_KeptRooted):
         return [x, MPI.BYTE], None, self.root
 
     def _blocking(self, x, out):
+        if self.nat is not None:
+            return _native.check(self.nat.run(None, out) if out is not None else self.nat.run(x, None))
         self.st.comm.Gatherv(*self._args(x, out))
 
     def _nonblocking(self, x, out):
@@ -551,6 +585,7 @@ class KeptAlltoall(_KeptCall):
     def __init__(self, st, block, call):
         super().__init__(st, call and st.size > 1)
         self.block = block
+        self._native(_native.ALLTOALL, block=block)
 
     def _bufs(self, x, out):
         if not self._usable(x):
@@ -564,6 +599,8 @@ class KeptAlltoall(_KeptCall):
         return x, out, out
 
     def _blocking(self, x, out):
+        if self.nat is not None:
+            return _native.check(self.nat.run(x, out))
         bs = self.block
         self.st.comm.Alltoall([x, bs, MPI.BYTE], [out, bs, MPI.BYTE])
 
@@ -587,6 +624,7 @@ class KeptReduceScatter(_KeptCall):
         self.red = red
         self.counts = [b - a for a, b in bounds]
         self.n = self.counts[st.rank]
+        self._native(_native.REDUCE_SCATTER, datatype=self.datatype, op=self.op, counts=self.counts)
 
     def _bufs(self, x, out):
         out = self._given_out(x, out, (self.n,))
@@ -601,6 +639,8 @@ class KeptReduceScatter(_KeptCall):
         return x, out, out
 
     def _blocking(self, x, out):
+        if self.nat is not None:
+            return _native.check(self.nat.run(x, out))
         dt = self.datatype
         self.st.comm.Reduce_scatter([x, dt], [out, dt], self.counts, self.op)
 
@@ -632,6 +672,7 @@ class KeptAllgatherv(_KeptCall):
         self.shape = (bounds[-1][1] // itemsize,)
         lo, hi = bounds[st.rank]
         self.own = (lo // itemsize, hi // itemsize)
+        self._native(_native.ALLGATHERV, counts=self.spec[0], displs=self.spec[1])
 
     def _bufs(self, x, out):
         out = self._given_out(x, out, self.shape)
@@ -642,6 +683,8 @@ class KeptAllgatherv(_KeptCall):
         return x, out, out
 
     def _blocking(self, x, out):
+        if self.nat is not None:
+            return _native.check(self.nat.run(None, out))
         self.st.comm.Allgatherv(MPI.IN_PLACE, [out, self.spec, MPI.BYTE])
 
     def _nonblocking(self, x, out):
@@ -661,6 +704,8 @@ class KeptAlltoallv(_KeptCall):
         self.sspec = ([b - a for a, b in sbounds], [a for a, _ in sbounds])
         self.rspec = ([b - a for a, b in rbounds], [a for a, _ in rbounds])
         self.shape = (rbounds[-1][1] // itemsize,)
+        self._native(_native.ALLTOALLV, counts=self.sspec[0], displs=self.sspec[1], rcounts=self.rspec[0],
+                     rdispls=self.rspec[1])
 
     def _bufs(self, x, out):
         out = self._given_out(x, out, self.shape)
@@ -675,6 +720,8 @@ class KeptAlltoallv(_KeptCall):
         return x, out, out
 
     def _blocking(self, x, out):
+        if self.nat is not None:
+            return _native.check(self.nat.run(x, out))
         self.st.comm.Alltoallv([x, self.sspec, MPI.BYTE], [out, self.rspec, MPI.BYTE])
 
     def _nonblocking(self, x, out):

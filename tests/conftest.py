@@ -132,6 +132,29 @@ class IdenticalEverywhere:
 
 # ---- shared by the plan-cache tests (test_plan_cache.py, test_dropin_kept.py) ----
 
+@pytest.fixture(params=["native", "mpi4py"])
+def kept_calls(request):
+    """Each kept-plan test twice: kept calls of the MPI library's collectives
+    made from C (mpicoll/native.py, where built) and through mpi4py. Every
+    communicator's kept plans are dropped before and after, so each run
+    keeps its own."""
+    from mpicoll import native
+    from mpicoll.commstate import _by_handle
+
+    def drop():
+        for st in list(_by_handle.values()):
+            st.plans.clear()
+
+    if request.param == "native" and not native.available():
+        pytest.skip("mpicoll._native_* is not built for this MPI library")
+    was = native.enabled()
+    native.set_enabled(request.param == "native")
+    drop()
+    yield request.param
+    native.set_enabled(was)
+    drop()
+
+
 @pytest.fixture
 def comm():
     """A private duplicate of COMM_WORLD, freed after the test."""

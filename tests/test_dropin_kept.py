@@ -10,7 +10,7 @@ from mpi4py import MPI
 
 import mpicoll
 
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("kept_calls")]
 
 def _counts(p):
     """Zeros, fewer elements than ranks, a total not divisible by p."""

@@ -16,7 +16,7 @@ import mpicoll
 from mpicoll import api, plancache
 from mpicoll.commstate import state
 
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("kept_calls")]
 
 
 def test_new_arrays_hit_the_kept_plan(comm, builds):

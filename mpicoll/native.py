@@ -1,0 +1,81 @@
+"""The MPI library's collectives called from C on numpy arrays: the kept
+plans' blocking calls (csrc/native.c).
+
+A kept call of the library's own algorithm (kept.py) is a few checks and
+one MPI call. Through mpi4py that call costs ~0.7 us of Python-object work
+(buffer specs parsed, the buffer protocol twice) on top of the library's
+own time, which for a short message is most of the call (8-byte sum at
+p = 2: mpi4py 2.24 us, the C call 1.55 us). ``call()`` makes one
+``Call`` per kept plan, with everything the call does not take from its
+arrays; ``Call.run(sbuf, rbuf)`` returns the MPI error code, which
+``check()`` turns into mpi4py's ``MPI.Exception``.
+
+The module is built per MPI library beside the executor
+(csrc/build_executor.py, which ``make install`` runs). Without it, or with
+``MPICOLL_NATIVE=0`` (read when a signature is first kept; ``set_enabled``
+from a program or test), kept plans call mpi4py: the same calls, the same
+results.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+
+from mpi4py import MPI
+
+_TAGS = {"MPICH": "mpich", "Open MPI": "openmpi"}
+
+
+def _load():
+    tag = _TAGS.get(MPI.get_vendor()[0])
+    if tag is None:
+        return None
+    try:
+        return importlib.import_module(f"mpicoll._native_{tag}")
+    except ImportError:
+        return None
+
+
+_mod = _load()
+_enabled = os.environ.get("MPICOLL_NATIVE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+# The kinds of call (csrc/native.c's enum; None where the module is absent).
+_KINDS = ("ALLREDUCE", "BCAST", "REDUCE", "ALLGATHERV", "SCATTERV", "GATHERV", "ALLTOALL", "REDUCE_SCATTER",
+          "ALLTOALLV")
+ALLREDUCE, BCAST, REDUCE, ALLGATHERV, SCATTERV, GATHERV, ALLTOALL, REDUCE_SCATTER, ALLTOALLV = (
+    getattr(_mod, k, None) for k in _KINDS)
+
+
+def available() -> bool:
+    return _mod is not None
+
+
+def enabled() -> bool:
+    """Whether kept plans made from now on call the library from C."""
+    return _enabled and _mod is not None
+
+
+def set_enabled(on: bool) -> None:
+    global _enabled
+    _enabled = bool(on)
+
+
+def call(kind, comm, datatype=None, op=None, root=0, block=0, counts=None, displs=None, rcounts=None,
+         rdispls=None):
+    """A ``Call`` of ``kind`` on ``comm`` (mpi4py objects; counts in the
+    datatype's units, bytes for the byte-wise kinds), or None when native
+    calls are off or not built, or a count does not fit a C int (the
+    caller then calls mpi4py, which knows MPI-4's large counts)."""
+    if not enabled():
+        return None
+    try:
+        return _mod.Call(kind, comm.py2f(), 0 if datatype is None else datatype.py2f(),
+                         0 if op is None else op.py2f(), root, block, counts, displs, rcounts, rdispls)
+    except (ValueError, OverflowError):
+        return None
+
+
+def check(rc: int) -> None:
+    """Raise the MPI error a run returned (mpi4py's exception and text)."""
+    if rc:
+        raise MPI.Exception(rc)

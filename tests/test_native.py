@@ -1,0 +1,195 @@
+"""The MPI library's collectives called from C (csrc/native.c through
+mpicoll/native.py): each kind against the same call through mpi4py, the
+bounds checks that keep MPI inside the given arrays, and the kept plans
+actually taking this path where it is built."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpicoll
+from mpicoll import native
+from mpicoll.commstate import state
+
+pytestmark = [pytest.mark.mpi,
+              pytest.mark.skipif(not native.available(), reason="mpicoll._native_* is not built for this MPI")]
+
+
+@pytest.fixture(autouse=True)
+def _on():
+    was = native.enabled()
+    native.set_enabled(True)
+    yield
+    native.set_enabled(was)
+
+
+def _call(comm, kind, **how):
+    c = native.call(kind, comm, **how)
+    assert c is not None
+    return c
+
+
+def _run(c, s, r):
+    native.check(c.run(s, r))
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 1000])
+@pytest.mark.parametrize("dtype,op", [(np.float64, MPI.SUM), (np.int32, MPI.MAX), (np.float32, MPI.MIN)])
+def test_allreduce_and_reduce_equal_mpi4py(comm, n, dtype, op):
+    p, r = comm.size, comm.rank
+    mt = MPI._typedict[np.dtype(dtype).char]
+    x = (np.arange(n) * (r + 3) % 11 - 4).astype(dtype)
+    want = np.empty_like(x)
+    comm.Allreduce(x, want, op)
+    c = _call(comm, native.ALLREDUCE, datatype=mt, op=op)
+    got = np.full_like(x, 99)
+    _run(c, x, got)
+    assert np.array_equal(got, want)
+    inplace = x.copy()
+    _run(c, None, inplace)
+    assert np.array_equal(inplace, want)
+    root = p - 1
+    c = _call(comm, native.REDUCE, datatype=mt, op=op, root=root)
+    got = np.full_like(x, 99) if r == root else None
+    _run(c, x, got)
+    if r == root:
+        assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("nbytes", [0, 3, 4096])
+def test_bcast_equals_mpi4py(comm, nbytes):
+    root = comm.size // 2
+    buf = np.full(nbytes, comm.rank + 1, np.uint8)
+    _run(_call(comm, native.BCAST, root=root), None, buf)
+    assert (buf == root + 1).all()
+
+
+def _layout(p, seed):
+    counts = [(k * 5 + seed) % 4 for k in range(p)]
+    displs = list(np.cumsum([0] + counts[:-1]))
+    return counts, [int(d) for d in displs]
+
+
+def test_v_forms_and_alltoall_equal_mpi4py(comm):
+    p, r = comm.size, comm.rank
+    counts, displs = _layout(p, 3)
+    total = sum(counts)
+    # allgatherv, in place (bytes)
+    g = np.zeros(total, np.uint8)
+    g[displs[r]:displs[r] + counts[r]] = r + 1
+    _run(_call(comm, native.ALLGATHERV, counts=counts, displs=displs), None, g)
+    assert (g == np.repeat(np.arange(p) + 1, counts)).all()
+    # scatterv from root (in place there), gatherv back
+    root = p - 1
+    src = np.repeat(np.arange(p, dtype=np.uint8) + 10, counts)
+    c = _call(comm, native.SCATTERV, root=root, counts=counts, displs=displs)
+    if r == root:
+        _run(c, src, None)
+    else:
+        got = np.zeros(counts[r], np.uint8)
+        _run(c, None, got)
+        assert (got == r + 10).all()
+    c = _call(comm, native.GATHERV, root=root, counts=counts, displs=displs)
+    if r == root:
+        back = np.zeros(total, np.uint8)
+        back[displs[r]:displs[r] + counts[r]] = r + 10
+        _run(c, None, back)
+        assert (back == src).all()
+    else:
+        _run(c, np.full(counts[r], r + 10, np.uint8), None)
+    # alltoall of 3-byte blocks
+    x = np.array([[r, j, 7] for j in range(p)], np.uint8)
+    want = np.empty_like(x)
+    comm.Alltoall(x, want)
+    got = np.zeros_like(x)
+    _run(_call(comm, native.ALLTOALL, block=3), x, got)
+    assert (got == want).all()
+    # alltoallv: rank r sends (r + j) % 3 bytes to j
+    sc = [(r + j) % 3 for j in range(p)]
+    rc = [(j + r) % 3 for j in range(p)]
+    sd = [int(v) for v in np.cumsum([0] + sc[:-1])]
+    rd = [int(v) for v in np.cumsum([0] + rc[:-1])]
+    x = np.concatenate([np.full(sc[j], 10 * r + j, np.uint8) for j in range(p)])
+    want = np.zeros(sum(rc), np.uint8)
+    comm.Alltoallv([x, (sc, sd), MPI.BYTE], [want, (rc, rd), MPI.BYTE])
+    got = np.zeros(sum(rc), np.uint8)
+    _run(_call(comm, native.ALLTOALLV, counts=sc, displs=sd, rcounts=rc, rdispls=rd), x, got)
+    assert (got == want).all()
+    # reduce_scatter in elements
+    x = np.arange(total, dtype=np.float64) * (r + 1)
+    want = np.zeros(counts[r])
+    comm.Reduce_scatter(x, want, counts, MPI.SUM)
+    got = np.zeros(counts[r])
+    _run(_call(comm, native.REDUCE_SCATTER, datatype=MPI.DOUBLE, op=MPI.SUM, counts=counts), x, got)
+    assert (got == want).all()
+
+
+def test_buffers_too_small_are_refused_before_any_message(comm):
+    """Every rank makes the same mistake: each raises, none sends (the next
+    collective still matches)."""
+    p = comm.size
+    counts, displs = _layout(p, 1)
+    small = np.zeros(max(sum(counts) - 1, 0), np.uint8)
+    if sum(counts):
+        with pytest.raises(ValueError, match="too small"):
+            _call(comm, native.ALLGATHERV, counts=counts, displs=displs).run(None, small)
+    c = _call(comm, native.ALLREDUCE, datatype=MPI.DOUBLE, op=MPI.SUM)
+    with pytest.raises(ValueError, match="too small"):
+        c.run(np.zeros(3), np.zeros(4))  # send and receive sizes differ
+    with pytest.raises(ValueError, match="too small"):
+        c.run(None, np.zeros(3, np.uint8))  # not whole doubles
+    with pytest.raises(ValueError, match="too small"):
+        _call(comm, native.ALLTOALL, block=4).run(np.zeros(4 * p - 1, np.uint8), np.zeros(4 * p, np.uint8))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        c.run(None, np.zeros(8)[::2])
+    ro = np.zeros(4)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="writable"):
+        c.run(None, ro)
+    with pytest.raises(TypeError, match="numpy array"):
+        c.run(None, bytearray(32))
+    with pytest.raises(ValueError, match="entries"):
+        native._mod.Call(native.ALLGATHERV, comm.py2f(), counts=[1] * (p + 1), displs=[0] * (p + 1))
+    comm.Barrier()  # nothing was sent: every rank is here, in step
+
+
+def test_counts_beyond_a_c_int_leave_it_to_mpi4py(comm):
+    p = comm.size
+    assert native.call(native.ALLGATHERV, comm, counts=[2 ** 31] * p, displs=[0] * p) is None
+
+
+def test_fits_is_kept_free_out():
+    c = native.call(native.ALLREDUCE, MPI.COMM_SELF, datatype=MPI.DOUBLE, op=MPI.SUM)
+    x = np.zeros(10)
+    assert c.fits(x, np.zeros(10))
+    assert not c.fits(x, x)  # the same memory
+    assert not c.fits(x[:6], x[4:])  # overlapping views
+    assert c.fits(x[:5], x[5:])  # adjacent, disjoint
+    assert not c.fits(x, np.zeros(10, np.float32))
+    assert not c.fits(x, np.zeros((2, 5)))
+    assert not c.fits(x, np.zeros(20)[::2])
+    ro = np.zeros(10)
+    ro.flags.writeable = False
+    assert not c.fits(x, ro)
+    assert not c.fits(x, list(range(10)))
+
+
+def test_kept_plans_take_the_native_path(comm):
+    """Where the module is built, a repeated call of the library's algorithm
+    is made from C (else this file's other checks would test a path that
+    no call takes)."""
+    if comm.size == 1:
+        pytest.skip("one rank: nothing is exchanged")
+    x = np.ones(4)
+    for _ in range(2):
+        mpicoll.allreduce(x, comm=comm, algorithm="mpi")
+        mpicoll.bcast(x, 0, comm=comm)
+        mpicoll.alltoall(np.ones((comm.size, 2)), comm=comm)
+    kept = list(state(comm).plans._d.values())
+    assert len(kept) == 3
+    assert all(k.nat is not None for k in kept), [type(k).__name__ for k in kept if k.nat is None]
+    native.set_enabled(False)
+    state(comm).plans.clear()
+    mpicoll.allreduce(x, comm=comm, algorithm="mpi")
+    assert all(k.nat is None for k in state(comm).plans._d.values())
