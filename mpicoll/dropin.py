@@ -196,11 +196,20 @@ def _door(base: str, mode: str, coll: str, *args, **kw):
     or ``"i" + coll``), whose kept plan serves a repeated signature without
     building one (plancache.py). Returns None when blocking, as mpi4py does,
     else the request. Every method's fast path ends here."""
-    _served(base, mode)
+    if _calls is not None:
+        _served(base, mode)
     if mode == "run":
-        getattr(_api, coll)(*args, **kw)
+        _RUN[coll](*args, **kw)
         return None
-    return getattr(_api, "i" + coll)(*args, **kw)
+    return _START[coll](*args, **kw)
+
+
+# The api doors by collective, looked up once (a getattr per call was a
+# measurable share of a short call).
+_DOOR_NAMES = ("allreduce", "reduce", "reduce_scatter", "bcast", "allgather", "scatter", "gather", "allgatherv",
+               "alltoall", "alltoallv")
+_RUN = {c: getattr(_api, c) for c in _DOOR_NAMES}
+_START = {c: getattr(_api, "i" + c) for c in _DOOR_NAMES}
 
 
 def _sending(s, r, in_place: bool):
@@ -238,22 +247,38 @@ def _fast_dtypes():
 
 
 _FAST = None
+# (numpy dtype, MPI.Op handle) -> the kernel op name or None: what
+# _fast_op decides for a pair, once (predefined ops keep their handles, and
+# a user-defined op's handle is never a predefined one's, so None stays
+# right for it). Bounded: a program freeing and creating ops for ever
+# stops adding pairs.
+_FAST_OPS = {}
 
 
 def _fast_op(a, op, writable: bool):
     """The kernel op name when ``a`` is a C-contiguous numpy array (writable
     if asked) of a dtype with a kernel and ``op`` a predefined MPI.Op with a
     kernel for it; else None."""
-    global _FAST
     if type(a) is not np.ndarray or type(op) is not MPI.Op:
         return None
+    flags = a.flags
+    if not flags.c_contiguous or writable and not flags.writeable:
+        return None
+    key = (a.dtype, op.handle)
+    name = _FAST_OPS.get(key, _FAST_OPS)
+    if name is _FAST_OPS:
+        name = _fast_op_name(a.dtype, op)
+        if len(_FAST_OPS) < 1024:
+            _FAST_OPS[key] = name
+    return name
+
+
+def _fast_op_name(dtype, op):
+    global _FAST
     if _FAST is None:
         _FAST = _fast_dtypes()
-    dt = _FAST.get(a.dtype)
-    flags = a.flags
-    if dt is None or not flags.c_contiguous or writable and not flags.writeable:
-        return None
-    o = _ops.of_mpi(op)
+    dt = _FAST.get(dtype)
+    o = None if dt is None else _ops.of_mpi(op)
     if o is None or dt.kind not in o.kinds:
         return None
     return o.name
@@ -353,6 +378,8 @@ class Comm(MPI.Intracomm):
             # signature: a repeated call (same or new arrays) is served by
             # the kept plan without parsing (plancache.py).
             x, out, name = fast
+            if mode != "init":
+                return _door("Allreduce", mode, "allreduce", x, name, comm=self, out=out, algorithm=algorithm)
             return _go("Allreduce", mode, "allreduce", x, name, comm=self, out=out, algorithm=algorithm)
         try:
             if not isinstance(op, MPI.Op):
