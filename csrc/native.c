@@ -13,9 +13,12 @@
  *
  * One ``Call`` object per kept plan, made once with everything the call
  * does not take from its arrays (kind, communicator, datatype, op, root,
- * the v-forms' counts and displacements in the datatype's units);
- * ``run(sbuf, rbuf)`` makes the call on the given arrays, the GIL released,
- * and returns the MPI error code (0: success; the caller raises).
+ * the v-forms' counts and displacements in the datatype's units), in three
+ * forms: ``run(sbuf, rbuf)`` makes the blocking call on the given arrays,
+ * the GIL released, and returns the MPI error code (0: success; the caller
+ * raises); ``start(sbuf, rbuf)`` the I-call and ``init(sbuf, rbuf)`` the
+ * MPI-4 persistent call, each returning a ``Req`` (Test/Wait/Start/Free,
+ * mpi4py's names) that holds the arrays while the library may use them.
  *
  * Bounds: every count the library will read or write is checked against
  * the arrays' sizes here, in C, whatever Python checked before: this code
@@ -120,7 +123,7 @@ static void Call_dealloc(Call *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static int Call_init(Call *self, PyObject *args, PyObject *kw) {
+static int Call_new_init(Call *self, PyObject *args, PyObject *kw) {
     static char *names[] = {"kind", "comm", "datatype", "op", "root", "block", "counts", "displs", "rcounts",
                             "rdispls", NULL};
     int kind, fcomm, fdt = 0, fop = 0, root = 0, block = 0;
@@ -205,184 +208,384 @@ static int too_long(Py_ssize_t n) {
     return 0;
 }
 
-static PyObject *bounds_error(const char *what) {
+static int bounds_error_(const char *what) {
     PyErr_Format(PyExc_ValueError, "mpicoll native: %s is too small for the call's counts", what);
-    return NULL;
+    return -1;
 }
 
-/* run(sbuf, rbuf) -> MPI error code. */
-static PyObject *Call_run(Call *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "mpicoll native: run(sbuf, rbuf)");
-        return NULL;
-    }
-    PyObject *so = args[0], *ro = args[1];
+/* The three forms of one call (MPI's blocking call, its MPI_I... form and
+ * its MPI-4 ..._init form take the same arguments, the last two a request
+ * after them, the persistent one an info before it). The blocking call
+ * releases the GIL; the other two return at once. */
+enum form { F_BLOCKING = 0, F_START = 1, F_INIT = 2 };
+#if MPI_VERSION >= 4
+#define INIT_FORM(P, ...) rc = P(__VA_ARGS__, MPI_INFO_NULL, req)
+#else
+#define INIT_FORM(P, ...) rc = MPI_ERR_UNSUPPORTED_OPERATION
+#endif
+#define MPICALL(B, I, P, ...)                   \
+    do {                                        \
+        if (form == F_BLOCKING) {               \
+            Py_BEGIN_ALLOW_THREADS              \
+            rc = B(__VA_ARGS__);                \
+            Py_END_ALLOW_THREADS                \
+        } else if (form == F_START) {           \
+            rc = I(__VA_ARGS__, req);           \
+        } else {                                \
+            INIT_FORM(P, __VA_ARGS__);          \
+        }                                       \
+    } while (0)
+
+/* Check the arrays against the call and make it in ``form`` (``req``
+ * receives the request of the other two). -1: a Python error is set and
+ * nothing was called; else 0 and *rcp is MPI's error code. */
+static int post(Call *self, PyObject *so, PyObject *ro, int form, MPI_Request *req, int *rcp) {
     PyArrayObject *s = NULL, *r = NULL;
     int rc = MPI_SUCCESS, root_here = self->rank == self->root;
     MPI_Comm comm = self->comm;
     switch (self->kind) {
     case K_ALLREDUCE: {
         if ((r = array_arg(ro, 1, 0, "rbuf")) == NULL)
-            return NULL;
+            return -1;
         s = array_arg(so, 0, 1, "sbuf");
         if (s == NULL && PyErr_Occurred())
-            return NULL;
+            return -1;
         Py_ssize_t nb = PyArray_NBYTES(r), count = nb / self->dtsize;
         if (nb % self->dtsize || (s != NULL && PyArray_NBYTES(s) != nb))
-            return bounds_error("sbuf or rbuf");
+            return bounds_error_("sbuf or rbuf");
         if (too_long(count))
-            return NULL;
+            return -1;
         const void *sp = s == NULL ? MPI_IN_PLACE : PyArray_DATA(s);
         void *rp = PyArray_DATA(r);
-        Py_BEGIN_ALLOW_THREADS
-        rc = MPI_Allreduce(sp, rp, (int)count, self->dt, self->op, comm);
-        Py_END_ALLOW_THREADS
+        MPICALL(MPI_Allreduce, MPI_Iallreduce, MPI_Allreduce_init, sp, rp, (int)count, self->dt, self->op,
+                comm);
         break;
     }
     case K_BCAST: {
         /* Every rank's buffer is written on non-roots and read on the root:
          * writable everywhere (the kept plan's contract, bcast is in place). */
         if ((r = array_arg(ro, 1, 0, "buf")) == NULL)
-            return NULL;
+            return -1;
         Py_ssize_t nb = PyArray_NBYTES(r);
         if (too_long(nb))
-            return NULL;
+            return -1;
         void *rp = PyArray_DATA(r);
-        Py_BEGIN_ALLOW_THREADS
-        rc = MPI_Bcast(rp, (int)nb, MPI_BYTE, self->root, comm);
-        Py_END_ALLOW_THREADS
+        MPICALL(MPI_Bcast, MPI_Ibcast, MPI_Bcast_init, rp, (int)nb, MPI_BYTE, self->root, comm);
         break;
     }
     case K_REDUCE: {
         s = array_arg(so, 0, 1, "sbuf");
         if (s == NULL && PyErr_Occurred())
-            return NULL;
+            return -1;
         if (root_here) {
             if ((r = array_arg(ro, 1, 0, "rbuf")) == NULL)
-                return NULL;
+                return -1;
         } else if (s == NULL) {
             PyErr_SetString(PyExc_TypeError, "mpicoll native: a non-root rank's reduce needs sbuf");
-            return NULL;
+            return -1;
         }
         PyArrayObject *ref = r != NULL ? r : s;
         Py_ssize_t nb = PyArray_NBYTES(ref), count = nb / self->dtsize;
         if (nb % self->dtsize || (s != NULL && PyArray_NBYTES(s) != nb))
-            return bounds_error("sbuf or rbuf");
+            return bounds_error_("sbuf or rbuf");
         if (too_long(count))
-            return NULL;
+            return -1;
         const void *sp = s == NULL ? MPI_IN_PLACE : PyArray_DATA(s);
         void *rp = r == NULL ? NULL : PyArray_DATA(r);
-        Py_BEGIN_ALLOW_THREADS
-        rc = MPI_Reduce(sp, rp, (int)count, self->dt, self->op, self->root, comm);
-        Py_END_ALLOW_THREADS
+        MPICALL(MPI_Reduce, MPI_Ireduce, MPI_Reduce_init, sp, rp, (int)count, self->dt, self->op, self->root,
+                comm);
         break;
     }
     case K_ALLGATHERV: {
         if ((r = array_arg(ro, 1, 0, "rbuf")) == NULL)
-            return NULL;
+            return -1;
         if (PyArray_NBYTES(r) < self->send_extent)
-            return bounds_error("rbuf");
+            return bounds_error_("rbuf");
         void *rp = PyArray_DATA(r);
-        Py_BEGIN_ALLOW_THREADS
-        rc = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_BYTE, rp, self->counts, self->displs, MPI_BYTE, comm);
-        Py_END_ALLOW_THREADS
+        MPICALL(MPI_Allgatherv, MPI_Iallgatherv, MPI_Allgatherv_init, MPI_IN_PLACE, 0, MPI_BYTE, rp, self->counts,
+                self->displs, MPI_BYTE, comm);
         break;
     }
     case K_SCATTERV: {
         if (root_here) {
             if ((s = array_arg(so, 0, 0, "sbuf")) == NULL)
-                return NULL;
+                return -1;
             if (PyArray_NBYTES(s) < self->send_extent)
-                return bounds_error("sbuf");
+                return bounds_error_("sbuf");
             const void *sp = PyArray_DATA(s);
-            Py_BEGIN_ALLOW_THREADS
-            rc = MPI_Scatterv(sp, self->counts, self->displs, MPI_BYTE, MPI_IN_PLACE, 0, MPI_BYTE, self->root,
-                              comm);
-            Py_END_ALLOW_THREADS
+            MPICALL(MPI_Scatterv, MPI_Iscatterv, MPI_Scatterv_init, sp, self->counts, self->displs, MPI_BYTE,
+                    MPI_IN_PLACE, 0, MPI_BYTE, self->root, comm);
         } else {
             if ((r = array_arg(ro, 1, 0, "rbuf")) == NULL)
-                return NULL;
+                return -1;
             Py_ssize_t nb = PyArray_NBYTES(r);
             if (too_long(nb))
-                return NULL;
+                return -1;
             void *rp = PyArray_DATA(r);
-            Py_BEGIN_ALLOW_THREADS
-            rc = MPI_Scatterv(NULL, NULL, NULL, MPI_BYTE, rp, (int)nb, MPI_BYTE, self->root, comm);
-            Py_END_ALLOW_THREADS
+            MPICALL(MPI_Scatterv, MPI_Iscatterv, MPI_Scatterv_init, NULL, NULL, NULL, MPI_BYTE, rp, (int)nb, MPI_BYTE,
+                    self->root, comm);
         }
         break;
     }
     case K_GATHERV: {
         if (root_here) {
             if ((r = array_arg(ro, 1, 0, "rbuf")) == NULL)
-                return NULL;
+                return -1;
             if (PyArray_NBYTES(r) < self->send_extent)
-                return bounds_error("rbuf");
+                return bounds_error_("rbuf");
             void *rp = PyArray_DATA(r);
-            Py_BEGIN_ALLOW_THREADS
-            rc = MPI_Gatherv(MPI_IN_PLACE, 0, MPI_BYTE, rp, self->counts, self->displs, MPI_BYTE, self->root,
-                             comm);
-            Py_END_ALLOW_THREADS
+            MPICALL(MPI_Gatherv, MPI_Igatherv, MPI_Gatherv_init, MPI_IN_PLACE, 0, MPI_BYTE, rp, self->counts,
+                    self->displs, MPI_BYTE, self->root, comm);
         } else {
             if ((s = array_arg(so, 0, 0, "sbuf")) == NULL)
-                return NULL;
+                return -1;
             Py_ssize_t nb = PyArray_NBYTES(s);
             if (too_long(nb))
-                return NULL;
+                return -1;
             const void *sp = PyArray_DATA(s);
-            Py_BEGIN_ALLOW_THREADS
-            rc = MPI_Gatherv(sp, (int)nb, MPI_BYTE, NULL, NULL, NULL, MPI_BYTE, self->root, comm);
-            Py_END_ALLOW_THREADS
+            MPICALL(MPI_Gatherv, MPI_Igatherv, MPI_Gatherv_init, sp, (int)nb, MPI_BYTE, NULL, NULL, NULL, MPI_BYTE,
+                    self->root, comm);
         }
         break;
     }
     case K_ALLTOALL: {
         if ((s = array_arg(so, 0, 0, "sbuf")) == NULL || (r = array_arg(ro, 1, 0, "rbuf")) == NULL)
-            return NULL;
+            return -1;
         Py_ssize_t need = (Py_ssize_t)self->block * self->size;
         if (PyArray_NBYTES(s) < need || PyArray_NBYTES(r) < need)
-            return bounds_error("sbuf or rbuf");
+            return bounds_error_("sbuf or rbuf");
         const void *sp = PyArray_DATA(s);
         void *rp = PyArray_DATA(r);
-        Py_BEGIN_ALLOW_THREADS
-        rc = MPI_Alltoall(sp, self->block, MPI_BYTE, rp, self->block, MPI_BYTE, comm);
-        Py_END_ALLOW_THREADS
+        MPICALL(MPI_Alltoall, MPI_Ialltoall, MPI_Alltoall_init, sp, self->block, MPI_BYTE, rp, self->block, MPI_BYTE,
+                comm);
         break;
     }
     case K_REDUCE_SCATTER: {
         if ((s = array_arg(so, 0, 0, "sbuf")) == NULL || (r = array_arg(ro, 1, 0, "rbuf")) == NULL)
-            return NULL;
+            return -1;
         Py_ssize_t total = 0;
         for (int i = 0; i < self->size; i++)
             total += self->counts[i];
         if (PyArray_NBYTES(s) < total * self->dtsize || PyArray_NBYTES(r) < (Py_ssize_t)self->counts[self->rank]
                                                                                  * self->dtsize)
-            return bounds_error("sbuf or rbuf");
+            return bounds_error_("sbuf or rbuf");
         const void *sp = PyArray_DATA(s);
         void *rp = PyArray_DATA(r);
-        Py_BEGIN_ALLOW_THREADS
-        rc = MPI_Reduce_scatter(sp, rp, self->counts, self->dt, self->op, comm);
-        Py_END_ALLOW_THREADS
+        MPICALL(MPI_Reduce_scatter, MPI_Ireduce_scatter, MPI_Reduce_scatter_init, sp, rp, self->counts, self->dt,
+                self->op, comm);
         break;
     }
     case K_ALLTOALLV: {
         if ((s = array_arg(so, 0, 0, "sbuf")) == NULL || (r = array_arg(ro, 1, 0, "rbuf")) == NULL)
-            return NULL;
+            return -1;
         if (PyArray_NBYTES(s) < self->send_extent || PyArray_NBYTES(r) < self->recv_extent)
-            return bounds_error("sbuf or rbuf");
+            return bounds_error_("sbuf or rbuf");
         const void *sp = PyArray_DATA(s);
         void *rp = PyArray_DATA(r);
-        Py_BEGIN_ALLOW_THREADS
-        rc = MPI_Alltoallv(sp, self->counts, self->displs, MPI_BYTE, rp, self->rcounts, self->rdispls, MPI_BYTE,
-                           comm);
-        Py_END_ALLOW_THREADS
+        MPICALL(MPI_Alltoallv, MPI_Ialltoallv, MPI_Alltoallv_init, sp, self->counts, self->displs, MPI_BYTE, rp,
+                self->rcounts, self->rdispls, MPI_BYTE, comm);
         break;
     }
     default:
         PyErr_SetString(PyExc_RuntimeError, "mpicoll native: a Call that was never initialised");
+        return -1;
+    }
+    *rcp = rc;
+    return 0;
+}
+
+/* run(sbuf, rbuf) -> MPI error code: the blocking call. */
+static PyObject *Call_run(Call *self, PyObject *const *args, Py_ssize_t nargs) {
+    int rc;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "mpicoll native: run(sbuf, rbuf)");
         return NULL;
     }
+    if (post(self, args[0], args[1], F_BLOCKING, NULL, &rc) < 0)
+        return NULL;
     return PyLong_FromLong(rc);
+}
+
+
+/* ---- requests of the nonblocking and persistent forms ---- */
+
+static PyObject *MPIException; /* mpi4py's MPI.Exception: errors read as mpi4py's own */
+
+static void raise_mpi(int rc) {
+    PyObject *e = PyObject_CallFunction(MPIException, "i", rc);
+    if (e != NULL) {
+        PyErr_SetObject(MPIException, e);
+        Py_DECREF(e);
+    }
+}
+
+/* One MPI request of a Call's I-form or persistent form, with the arrays it
+ * reads and writes held while the library may use them. Test()/Wait()/
+ * Start()/Free() are mpi4py's names, so the engine and persistent.py drive
+ * it as they drive an MPI.Request. A request dropped while the library still
+ * works on it keeps its arrays for ever (the library may write them; MPI
+ * forbids freeing a pending collective's request). */
+typedef struct {
+    PyObject_HEAD
+    MPI_Request req;
+    int active;     /* started, not yet completed */
+    int persistent;
+    int inside;     /* a thread waits in MPI_Wait with the GIL released */
+    PyObject *s, *r;
+} Req;
+
+static void Req_dealloc(Req *self) {
+    if (self->active) {
+        /* in the library's hands: s and r stay referenced (leaked on purpose) */
+    } else {
+        int fin = 0;
+        if (self->persistent && self->req != MPI_REQUEST_NULL && MPI_Finalized(&fin) == MPI_SUCCESS && !fin)
+            MPI_Request_free(&self->req);
+        Py_CLEAR(self->s);
+        Py_CLEAR(self->r);
+    }
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static void completed(Req *self) {
+    self->active = 0;
+    if (!self->persistent) { /* a persistent request keeps its arrays bound for its life */
+        Py_CLEAR(self->s);
+        Py_CLEAR(self->r);
+    }
+}
+
+static PyObject *Req_Test(Req *self, PyObject *unused) {
+    (void)unused;
+    if (!self->active)
+        Py_RETURN_TRUE;
+    if (self->inside) /* another thread is in Wait(): it completes it */
+        Py_RETURN_FALSE;
+    int flag = 0, rc = MPI_Test(&self->req, &flag, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) {
+        raise_mpi(rc);
+        return NULL;
+    }
+    if (!flag)
+        Py_RETURN_FALSE;
+    completed(self);
+    Py_RETURN_TRUE;
+}
+
+static PyObject *Req_Wait(Req *self, PyObject *unused) {
+    (void)unused;
+    if (!self->active)
+        Py_RETURN_TRUE;
+    if (self->inside) {
+        PyErr_SetString(PyExc_RuntimeError, "mpicoll native: a request waited for by two threads at once");
+        return NULL;
+    }
+    int rc;
+    self->inside = 1;
+    Py_BEGIN_ALLOW_THREADS
+    rc = MPI_Wait(&self->req, MPI_STATUS_IGNORE);
+    Py_END_ALLOW_THREADS
+    self->inside = 0;
+    if (rc != MPI_SUCCESS) {
+        raise_mpi(rc);
+        return NULL;
+    }
+    completed(self);
+    Py_RETURN_TRUE;
+}
+
+static PyObject *Req_Start(Req *self, PyObject *unused) {
+    (void)unused;
+    if (!self->persistent || self->req == MPI_REQUEST_NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "mpicoll native: Start() of a request that is not persistent");
+        return NULL;
+    }
+    if (self->active) {
+        PyErr_SetString(PyExc_RuntimeError, "mpicoll native: Start() of an active request");
+        return NULL;
+    }
+    int rc = MPI_Start(&self->req);
+    if (rc != MPI_SUCCESS) {
+        raise_mpi(rc);
+        return NULL;
+    }
+    self->active = 1;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Req_Free(Req *self, PyObject *unused) {
+    (void)unused;
+    if (self->active) {
+        PyErr_SetString(PyExc_RuntimeError, "mpicoll native: Free() of an active request (Wait() first)");
+        return NULL;
+    }
+    if (self->req != MPI_REQUEST_NULL) {
+        int rc = MPI_Request_free(&self->req);
+        if (rc != MPI_SUCCESS) {
+            raise_mpi(rc);
+            return NULL;
+        }
+    }
+    Py_CLEAR(self->s);
+    Py_CLEAR(self->r);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef Req_methods[] = {
+    {"Test", (PyCFunction)Req_Test, METH_NOARGS, "Test() -> bool: complete? (MPI_Test)"},
+    {"Wait", (PyCFunction)Req_Wait, METH_NOARGS, "Wait(): MPI_Wait, the GIL released."},
+    {"Start", (PyCFunction)Req_Start, METH_NOARGS, "Start(): MPI_Start of the persistent request."},
+    {"Free", (PyCFunction)Req_Free, METH_NOARGS, "Free(): MPI_Request_free of an inactive request."},
+    {NULL, NULL, 0, NULL}};
+
+static PyTypeObject ReqType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "mpicoll.native.Req",
+    .tp_basicsize = sizeof(Req),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "An MPI request of a native Call's I-form or persistent form (see csrc/native.c).",
+    .tp_methods = Req_methods,
+    .tp_dealloc = (destructor)Req_dealloc,
+};
+
+/* start(sbuf, rbuf) / init(sbuf, rbuf) -> Req: the I-call started, or the
+ * persistent request made (inactive until Start()). */
+static PyObject *make_req(Call *self, PyObject *const *args, Py_ssize_t nargs, int form) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "mpicoll native: start(sbuf, rbuf) / init(sbuf, rbuf)");
+        return NULL;
+    }
+    Req *q = PyObject_New(Req, &ReqType);
+    if (q == NULL)
+        return NULL;
+    q->req = MPI_REQUEST_NULL;
+    q->active = q->inside = 0;
+    q->persistent = form == F_INIT;
+    q->s = q->r = NULL;
+    int rc;
+    if (post(self, args[0], args[1], form, &q->req, &rc) < 0) {
+        Py_DECREF(q);
+        return NULL;
+    }
+    if (rc != MPI_SUCCESS) {
+        Py_DECREF(q);
+        raise_mpi(rc);
+        return NULL;
+    }
+    Py_INCREF(args[0]);
+    Py_INCREF(args[1]);
+    q->s = args[0];
+    q->r = args[1];
+    q->active = form == F_START;
+    return (PyObject *)q;
+}
+
+static PyObject *Call_start(Call *self, PyObject *const *args, Py_ssize_t nargs) {
+    return make_req(self, args, nargs, F_START);
+}
+
+static PyObject *Call_persistent(Call *self, PyObject *const *args, Py_ssize_t nargs) {
+    return make_req(self, args, nargs, F_INIT);
 }
 
 /* fits(x, out) -> bool: out can take x's result as it is: a numpy array
@@ -415,6 +618,10 @@ static PyObject *Call_fits(Call *self, PyObject *const *args, Py_ssize_t nargs) 
 }
 
 static PyMethodDef Call_methods[] = {
+    {"start", (PyCFunction)(void (*)(void))Call_start, METH_FASTCALL,
+     "start(sbuf, rbuf) -> Req: the I-call on these arrays, started."},
+    {"init", (PyCFunction)(void (*)(void))Call_persistent, METH_FASTCALL,
+     "init(sbuf, rbuf) -> Req: the MPI-4 persistent request over these arrays (Start() it)."},
     {"fits", (PyCFunction)(void (*)(void))Call_fits, METH_FASTCALL,
      "fits(x, out) -> bool: out takes x's result without staging (same shape and dtype, disjoint)."},
     {"run", (PyCFunction)(void (*)(void))Call_run, METH_FASTCALL,
@@ -429,7 +636,7 @@ static PyTypeObject CallType = {
     .tp_doc = "One kept collective of the MPI library's, called on numpy arrays (see csrc/native.c).",
     .tp_methods = Call_methods,
     .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)Call_init,
+    .tp_init = (initproc)Call_new_init,
     .tp_dealloc = (destructor)Call_dealloc,
 };
 
@@ -439,8 +646,17 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, NULL, "The MPI librar
 static PyObject *init(const char *name) {
     import_array1(NULL);  /* (returns NULL with numpy's error if numpy's C API is missing) */
     module.m_name = name;
-    if (PyType_Ready(&CallType) < 0)
+    if (PyType_Ready(&CallType) < 0 || PyType_Ready(&ReqType) < 0)
         return NULL;
+    if (MPIException == NULL) {
+        PyObject *mpi = PyImport_ImportModule("mpi4py.MPI");
+        if (mpi == NULL)
+            return NULL;
+        MPIException = PyObject_GetAttrString(mpi, "Exception");
+        Py_DECREF(mpi);
+        if (MPIException == NULL)
+            return NULL;
+    }
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;

@@ -77,7 +77,8 @@ def _place(x, out, a: int, b: int) -> bool:
 
 class _KeptCall(_Kept):
     """``nat``: the call made from C (native.py), None where mpi4py makes it
-    (not built, turned off, nothing to exchange)."""
+    (not built, turned off, nothing to exchange); ``_nat_bufs(x, out)``
+    gives its (send, receive) arrays, None for MPI_IN_PLACE or none."""
 
     __slots__ = ("call", "mode", "nat")
 
@@ -116,7 +117,13 @@ class _KeptCall(_Kept):
             enter(st)
             try:
                 st.next_seq()
-                self._blocking(x, out)
+                nat = self.nat
+                if nat is None:
+                    self._blocking(x, out)
+                else:
+                    rc = nat.run(*self._nat_bufs(x, out))
+                    if rc:
+                        _native.check(rc)
                 self._finish(out, result)
             finally:
                 st.busy.release()
@@ -134,7 +141,8 @@ class _KeptCall(_Kept):
         enter(st)
         try:
             st.next_seq()
-            req = self._nonblocking(x, out)
+            nat = self.nat
+            req = self._nonblocking(x, out) if nat is None else nat.start(*self._nat_bufs(x, out))
         finally:
             st.busy.release()
         return engine.start_native(req, result, self._after(out, result), x.nbytes, st, keep=(x, out))
@@ -301,8 +309,12 @@ class KeptAllreduce(_Kept):
             enter(st)  # raises the error that applies
         try:
             st.next_seq()
-            dt = self.datatype
-            req = st.comm.Iallreduce(_IN_PLACE if out is x else [x, dt], [out, dt], self.op)
+            nat = self.nat
+            if nat is None:
+                dt = self.datatype
+                req = st.comm.Iallreduce(_IN_PLACE if out is x else [x, dt], [out, dt], self.op)
+            else:
+                req = nat.start(None if out is x else x, out)
         finally:
             busy.release()
         if self.avg:
@@ -375,9 +387,10 @@ class KeptBcast(_KeptCall):
             return _MISS
         return x, x, x
 
+    def _nat_bufs(self, x, out):
+        return (None, x)
+
     def _blocking(self, x, out):
-        if self.nat is not None:
-            return _native.check(self.nat.run(None, x))
         self.st.comm.Bcast([x, MPI.BYTE], self.root)
 
     def _nonblocking(self, x, out):
@@ -417,9 +430,10 @@ class KeptReduce(_KeptCall):
             return [x, dt], None, self.op, self.root
         return MPI.IN_PLACE if out is x else [x, dt], [out, dt], self.op, self.root
 
+    def _nat_bufs(self, x, out):
+        return (None if out is x else x, out)
+
     def _blocking(self, x, out):
-        if self.nat is not None:
-            return _native.check(self.nat.run(None if out is x else x, out))
         self.st.comm.Reduce(*self._args(x, out))
 
     def _nonblocking(self, x, out):
@@ -457,9 +471,10 @@ class KeptAllgather(_KeptCall):
         out[self.st.rank] = x
         return x, out, out
 
+    def _nat_bufs(self, x, out):
+        return (None, out)
+
     def _blocking(self, x, out):
-        if self.nat is not None:
-            return _native.check(self.nat.run(None, out))
         self.st.comm.Allgatherv(MPI.IN_PLACE, [out, self.spec, MPI.BYTE])
 
     def _nonblocking(self, x, out):
@@ -531,9 +546,10 @@ class KeptScatter(_KeptRooted):
             return [x, self.spec, MPI.BYTE], MPI.IN_PLACE, self.root
         return None, [out, MPI.BYTE], self.root
 
+    def _nat_bufs(self, x, out):
+        return ((x, None) if self.st.rank == self.root else (None, out))
+
     def _blocking(self, x, out):
-        if self.nat is not None:
-            return _native.check(self.nat.run(x, None) if self.st.rank == self.root else self.nat.run(None, out))
         self.st.comm.Scatterv(*self._args(x, out))
 
     def _nonblocking(self, x, out):
@@ -567,9 +583,10 @@ class KeptGather(_KeptRooted):
             return MPI.IN_PLACE, [out, self.spec, MPI.BYTE], self.root
         return [x, MPI.BYTE], None, self.root
 
+    def _nat_bufs(self, x, out):
+        return ((None, out) if out is not None else (x, None))
+
     def _blocking(self, x, out):
-        if self.nat is not None:
-            return _native.check(self.nat.run(None, out) if out is not None else self.nat.run(x, None))
         self.st.comm.Gatherv(*self._args(x, out))
 
     def _nonblocking(self, x, out):
@@ -598,9 +615,10 @@ class KeptAlltoall(_KeptCall):
             out[...] = x
         return x, out, out
 
+    def _nat_bufs(self, x, out):
+        return (x, out)
+
     def _blocking(self, x, out):
-        if self.nat is not None:
-            return _native.check(self.nat.run(x, out))
         bs = self.block
         self.st.comm.Alltoall([x, bs, MPI.BYTE], [out, bs, MPI.BYTE])
 
@@ -638,9 +656,10 @@ class KeptReduceScatter(_KeptCall):
             return x, np.empty((self.n,), x.dtype), out
         return x, out, out
 
+    def _nat_bufs(self, x, out):
+        return (x, out)
+
     def _blocking(self, x, out):
-        if self.nat is not None:
-            return _native.check(self.nat.run(x, out))
         dt = self.datatype
         self.st.comm.Reduce_scatter([x, dt], [out, dt], self.counts, self.op)
 
@@ -682,9 +701,10 @@ class KeptAllgatherv(_KeptCall):
             return _MISS
         return x, out, out
 
+    def _nat_bufs(self, x, out):
+        return (None, out)
+
     def _blocking(self, x, out):
-        if self.nat is not None:
-            return _native.check(self.nat.run(None, out))
         self.st.comm.Allgatherv(MPI.IN_PLACE, [out, self.spec, MPI.BYTE])
 
     def _nonblocking(self, x, out):
@@ -719,9 +739,10 @@ class KeptAlltoallv(_KeptCall):
             out.reshape(-1)[...] = x.reshape(-1)
         return x, out, out
 
+    def _nat_bufs(self, x, out):
+        return (x, out)
+
     def _blocking(self, x, out):
-        if self.nat is not None:
-            return _native.check(self.nat.run(x, out))
         self.st.comm.Alltoallv([x, self.sspec, MPI.BYTE], [out, self.rspec, MPI.BYTE])
 
     def _nonblocking(self, x, out):

@@ -8,7 +8,11 @@ own time, which for a short message is most of the call (8-byte sum at
 p = 2: mpi4py 2.24 us, the C call 1.55 us). ``call()`` makes one
 ``Call`` per kept plan, with everything the call does not take from its
 arrays; ``Call.run(sbuf, rbuf)`` returns the MPI error code, which
-``check()`` turns into mpi4py's ``MPI.Exception``.
+``check()`` turns into mpi4py's ``MPI.Exception``. ``Call.start`` (the
+I-call: kept nonblocking calls) and ``Call.init`` (the MPI-4 persistent
+request: ``*_init`` plans of the library's algorithm) return a ``Req``
+whose ``Test``/``Wait``/``Start``/``Free`` are mpi4py's names, so the
+engine and persistent.py drive it as they drive an ``MPI.Request``.
 
 The module is built per MPI library beside the executor
 (csrc/build_executor.py, which ``make install`` runs). Without it, or with

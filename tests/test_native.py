@@ -193,3 +193,88 @@ def test_kept_plans_take_the_native_path(comm):
     state(comm).plans.clear()
     mpicoll.allreduce(x, comm=comm, algorithm="mpi")
     assert all(k.nat is None for k in state(comm).plans._d.values())
+
+
+def test_nonblocking_and_persistent_forms_equal_the_blocking_call(comm):
+    """start() and init()+Start() of each kind give the blocking call's
+    result; a persistent request runs again and again on its bound arrays."""
+    p, r = comm.size, comm.rank
+    x = np.arange(5, dtype=np.float64) + r
+    want = np.empty_like(x)
+    comm.Allreduce(x, want)
+    c = _call(comm, native.ALLREDUCE, datatype=MPI.DOUBLE, op=MPI.SUM)
+    got = np.zeros_like(x)
+    q = c.start(x, got)
+    assert q.Wait() is True and np.array_equal(got, want)
+    assert q.Test() is True and q.Wait() is True  # complete: at once, again
+    got[:] = 0
+    q = c.start(x, got)
+    while not q.Test():
+        pass
+    assert np.array_equal(got, want)
+    if MPI.Get_version() < (4, 0):  # (Open MPI 5 says MPI 3.1: mpicoll makes no persistent requests there)
+        with pytest.raises(MPI.Exception):
+            c.init(x, got)
+        return
+    out = np.zeros_like(x)
+    pq = c.init(x, out)
+    assert pq.Test() is True  # inactive until started
+    for i in range(3):
+        x[:] = np.arange(5) + r + i
+        pq.Start()
+        with pytest.raises(RuntimeError, match="active"):
+            pq.Start()
+        pq.Wait()
+        assert np.array_equal(out, want + i * p)
+    pq.Free()
+    with pytest.raises(RuntimeError, match="not persistent"):
+        pq.Start()
+    q = c.start(x, got)
+    with pytest.raises(RuntimeError, match="not persistent"):
+        q.Start()
+    q.Wait()
+    # the byte-wise kinds, nonblocking: bcast and alltoall
+    root = p - 1
+    b = np.full(6, r, np.uint8)
+    _call(comm, native.BCAST, root=root).start(None, b).Wait()
+    assert (b == root).all()
+    s = np.array([[r, j] for j in range(p)], np.uint8)
+    g = np.zeros_like(s)
+    pq = _call(comm, native.ALLTOALL, block=2).init(s, g)
+    pq.Start()
+    pq.Wait()
+    assert (g == [[j, r] for j in range(p)]).all()
+    del pq  # inactive: freed with the object
+
+
+def test_a_bad_buffer_makes_no_request(comm):
+    c = _call(comm, native.ALLREDUCE, datatype=MPI.DOUBLE, op=MPI.SUM)
+    with pytest.raises(ValueError, match="too small"):
+        c.start(np.zeros(3), np.zeros(4))
+    with pytest.raises(ValueError, match="too small"):
+        c.init(np.zeros(3), np.zeros(4))
+    comm.Barrier()
+
+
+def test_every_door_of_the_library_algorithm_takes_the_native_requests(comm):
+    """Kept nonblocking calls and persistent plans of the library's algorithm
+    hold a native request, and give numpy's results."""
+    if comm.size == 1:
+        pytest.skip("one rank: nothing is exchanged")
+    p, r = comm.size, comm.rank
+    x = np.full(3, r, np.float32)
+    for _ in range(2):
+        req = mpicoll.iallreduce(x, comm=comm, algorithm="mpi")
+    assert type(req._mpi).__name__ == "Req"
+    assert (req.wait() == sum(range(p))).all()
+    if MPI.Get_version() < (4, 0):
+        return  # no persistent collectives in the library: persistent plans run schedules
+    for make in (lambda: mpicoll.allreduce_init(x, comm=comm, algorithm="mpi"),
+                 lambda: mpicoll.bcast_init(np.full(4, r, np.int64), 0, comm=comm),
+                 lambda: mpicoll.alltoall_init(np.full((p, 2), r, np.int32), comm=comm)):
+        pq = make()
+        assert type(pq._mpi).__name__ == "Req", pq
+        for _ in range(2):
+            res = pq()
+        pq.free()
+    assert (res == np.arange(p)[:, None]).all()

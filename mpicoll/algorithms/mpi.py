@@ -34,6 +34,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
+from .. import native as _native
 from ..registry import register
 from ..kernels import Reduction
 from ..mpitypes import reduces_natively
@@ -88,13 +89,29 @@ def _init(comm, name):
     return fn if fn is not None and MPI.Get_version() >= (4, 0) else None
 
 
+def _persistent(init, args, kind, comm, sbuf, rbuf, **how):
+    """A NativeCall's ``init``: the persistent request over the call's
+    buffers, made from C where the native calls are built (native.py: its
+    Start/Wait cost no buffer parsing) and by mpi4py's ``init(*args)``
+    otherwise; None where the library has no persistent collectives.
+    Decided when a persistent plan asks, not before (a plain call never
+    does)."""
+    if init is None:
+        return None
+
+    def make():
+        nat = _native.call(kind, comm, **how)
+        return init(*args) if nat is None else nat.init(sbuf, rbuf)
+    return make
+
+
 def allreduce_call(comm, buf, red, src=None) -> NativeCall:
     datatype, op = _typed(red)
     sb = MPI.IN_PLACE if src is None else [src, datatype]
     rb = [buf, datatype]
-    init = _init(comm, "Allreduce")
-    return NativeCall(lambda: comm.Allreduce(sb, rb, op), lambda: comm.Iallreduce(sb, rb, op),
-                      init and (lambda: init(sb, rb, op)))
+    init = _persistent(_init(comm, "Allreduce"), (sb, rb, op), _native.ALLREDUCE, comm, src, buf,
+                       datatype=datatype, op=op)
+    return NativeCall(lambda: comm.Allreduce(sb, rb, op), lambda: comm.Iallreduce(sb, rb, op), init)
 
 
 def reduce_scatter_call(comm, buf, red, bounds, pool=None) -> NativeCall:
@@ -107,39 +124,42 @@ def reduce_scatter_call(comm, buf, red, bounds, pool=None) -> NativeCall:
     longest = max(hi - lo for lo, hi in bounds)
     out = scratch({} if pool is None else pool, "mpi_rs", longest, buf.dtype)[:b - a]
     sb, rb = [buf, datatype], [out, datatype]
-    init = _init(comm, "Reduce_scatter")
+    init = _persistent(_init(comm, "Reduce_scatter"), (sb, rb, counts, op), _native.REDUCE_SCATTER, comm, buf, out,
+                       datatype=datatype, op=op, counts=counts)
 
     def after():
         buf[a:b] = out
 
     return NativeCall(lambda: comm.Reduce_scatter(sb, rb, counts, op), lambda: comm.Ireduce_scatter(sb, rb, counts, op),
-                      init and (lambda: init(sb, rb, counts, op)), after)
+                      init, after)
 
 
 def allgather_call(comm, buf, bounds) -> NativeCall:
     counts = [(b - a) * buf.itemsize for a, b in bounds]
     displs = [a * buf.itemsize for a, _ in bounds]
     rb = [buf, (counts, displs), MPI.BYTE]
-    init = _init(comm, "Allgatherv")
-    return NativeCall(lambda: comm.Allgatherv(MPI.IN_PLACE, rb), lambda: comm.Iallgatherv(MPI.IN_PLACE, rb),
-                      init and (lambda: init(MPI.IN_PLACE, rb)))
+    init = _persistent(_init(comm, "Allgatherv"), (MPI.IN_PLACE, rb), _native.ALLGATHERV, comm, None, buf,
+                       counts=counts, displs=displs)
+    return NativeCall(lambda: comm.Allgatherv(MPI.IN_PLACE, rb), lambda: comm.Iallgatherv(MPI.IN_PLACE, rb), init)
 
 
 def bcast_call(comm, buf, root) -> NativeCall:
     b = [buf, MPI.BYTE]
-    init = _init(comm, "Bcast")
-    return NativeCall(lambda: comm.Bcast(b, root), lambda: comm.Ibcast(b, root), init and (lambda: init(b, root)))
+    init = _persistent(_init(comm, "Bcast"), (b, root), _native.BCAST, comm, None, buf, root=root)
+    return NativeCall(lambda: comm.Bcast(b, root), lambda: comm.Ibcast(b, root), init)
 
 
 def reduce_call(comm, buf, red, root) -> NativeCall:
     datatype, op = _typed(red)
     if comm.Get_rank() == root:
         sb, rb = MPI.IN_PLACE, [buf, datatype]
+        ns, nr = None, buf
     else:
         sb, rb = [buf, datatype], None
-    init = _init(comm, "Reduce")
-    return NativeCall(lambda: comm.Reduce(sb, rb, op, root), lambda: comm.Ireduce(sb, rb, op, root),
-                      init and (lambda: init(sb, rb, op, root)))
+        ns, nr = buf, None
+    init = _persistent(_init(comm, "Reduce"), (sb, rb, op, root), _native.REDUCE, comm, ns, nr, datatype=datatype,
+                       op=op, root=root)
+    return NativeCall(lambda: comm.Reduce(sb, rb, op, root), lambda: comm.Ireduce(sb, rb, op, root), init)
 
 
 def _run(ctx, call: NativeCall):

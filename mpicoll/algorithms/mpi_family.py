@@ -23,8 +23,9 @@ from __future__ import annotations
 
 from mpi4py import MPI
 
+from .. import native as _native
 from ..registry import register
-from .mpi import NativeCall, _init, _run
+from .mpi import NativeCall, _init, _persistent, _run
 
 BYTE = MPI.BYTE
 
@@ -34,23 +35,29 @@ def _cd(bounds):
 
 
 def scatter_call(comm, buf, bounds, root) -> NativeCall:
-    init = _init(comm, "Scatterv")
+    counts, displs = _cd(bounds)
     if comm.Get_rank() == root:
-        sb, rb = [buf, _cd(bounds), BYTE], MPI.IN_PLACE
+        sb, rb = [buf, (counts, displs), BYTE], MPI.IN_PLACE
+        ns, nr = buf, None
     else:
         sb, rb = None, [buf, BYTE]
-    return NativeCall(lambda: comm.Scatterv(sb, rb, root), lambda: comm.Iscatterv(sb, rb, root),
-                      init and (lambda: init(sb, rb, root)))
+        ns, nr = None, buf
+    init = _persistent(_init(comm, "Scatterv"), (sb, rb, root), _native.SCATTERV, comm, ns, nr, root=root,
+                       counts=counts, displs=displs)
+    return NativeCall(lambda: comm.Scatterv(sb, rb, root), lambda: comm.Iscatterv(sb, rb, root), init)
 
 
 def gather_call(comm, buf, bounds, root) -> NativeCall:
-    init = _init(comm, "Gatherv")
+    counts, displs = _cd(bounds)
     if comm.Get_rank() == root:
-        sb, rb = MPI.IN_PLACE, [buf, _cd(bounds), BYTE]
+        sb, rb = MPI.IN_PLACE, [buf, (counts, displs), BYTE]
+        ns, nr = None, buf
     else:
         sb, rb = [buf, BYTE], None
-    return NativeCall(lambda: comm.Gatherv(sb, rb, root), lambda: comm.Igatherv(sb, rb, root),
-                      init and (lambda: init(sb, rb, root)))
+        ns, nr = buf, None
+    init = _persistent(_init(comm, "Gatherv"), (sb, rb, root), _native.GATHERV, comm, ns, nr, root=root,
+                       counts=counts, displs=displs)
+    return NativeCall(lambda: comm.Gatherv(sb, rb, root), lambda: comm.Igatherv(sb, rb, root), init)
 
 
 def alltoall_call(comm, src, dst, sbounds, rbounds) -> NativeCall:
@@ -59,16 +66,16 @@ def alltoall_call(comm, src, dst, sbounds, rbounds) -> NativeCall:
     # p blocks of bs bytes from the start of each buffer (the blocks are all
     # one length, from offset 0: plan.py), whatever lies beyond them
     sb, rb = [src[:p * bs], bs, BYTE], [dst[:p * bs], bs, BYTE]
-    init = _init(comm, "Alltoall")
-    return NativeCall(lambda: comm.Alltoall(sb, rb), lambda: comm.Ialltoall(sb, rb),
-                      init and (lambda: init(sb, rb)))
+    init = _persistent(_init(comm, "Alltoall"), (sb, rb), _native.ALLTOALL, comm, src, dst, block=bs)
+    return NativeCall(lambda: comm.Alltoall(sb, rb), lambda: comm.Ialltoall(sb, rb), init)
 
 
 def alltoallv_call(comm, src, dst, sbounds, rbounds) -> NativeCall:
-    sb, rb = [src, _cd(sbounds), BYTE], [dst, _cd(rbounds), BYTE]
-    init = _init(comm, "Alltoallv")
-    return NativeCall(lambda: comm.Alltoallv(sb, rb), lambda: comm.Ialltoallv(sb, rb),
-                      init and (lambda: init(sb, rb)))
+    (sc, sd), (rc, rd) = _cd(sbounds), _cd(rbounds)
+    sb, rb = [src, (sc, sd), BYTE], [dst, (rc, rd), BYTE]
+    init = _persistent(_init(comm, "Alltoallv"), (sb, rb), _native.ALLTOALLV, comm, src, dst, counts=sc, displs=sd,
+                       rcounts=rc, rdispls=rd)
+    return NativeCall(lambda: comm.Alltoallv(sb, rb), lambda: comm.Ialltoallv(sb, rb), init)
 
 
 @register("scatter", "mpi", native=scatter_call)
