@@ -109,10 +109,14 @@ class CommState:
         # ``seq`` is the next number, for messages.
         self._numbers = itertools.count()
         self.seq = 0
-        # Guards the pending count: calls, callbacks and the progress thread
-        # may touch it from different threads.
+        # Guards freeing the duplicate: the user's Free and the last pending
+        # request's completion may come from different threads.
         self.lock = threading.Lock()
-        self.pending = 0  # nonblocking requests outstanding on the duplicate (hold/release)
+        # One entry per nonblocking request outstanding on the duplicate
+        # (hold/release): list.append and list.pop are single C calls under
+        # the GIL, so counting needs no lock (~0.2 us of every nonblocking
+        # call); only a freed communicator's last release takes it.
+        self._live = []
         self.freed = False  # the user's communicator was freed (the duplicate may outlive it, see free)
         self._released = False  # the duplicate and the extras are freed
         # Held while a thread runs or starts a collective on this communicator
@@ -136,20 +140,25 @@ class CommState:
         self.seq = seq + 1  # (callers hold busy: nobody else writes it meanwhile)
         return seq, 1 + seq % self.tag_span
 
+    @property
+    def pending(self) -> int:
+        """Nonblocking requests outstanding on the duplicate."""
+        return len(self._live)
+
     def hold(self) -> None:
         """A nonblocking request starts on the duplicate (engine.start)."""
-        with self.lock:
-            self.pending += 1
+        self._live.append(None)
 
     def release(self) -> None:
         """That request completed: the last one of a freed communicator
         frees the duplicate."""
-        with self.lock:
-            self.pending -= 1
-            now = self.freed and self.pending == 0 and not self._released
-            self._released = self._released or now
-        if now:
-            self._release()
+        self._live.pop()
+        if self.freed:  # (set under the lock before free() counts: see free)
+            with self.lock:
+                now = not self._live and not self._released
+                self._released = self._released or now
+            if now:
+                self._release()
 
     def free(self) -> None:
         """The user freed the communicator (MPI calls this from the
@@ -160,7 +169,7 @@ class CommState:
         self.plans.clear()  # kept decisions die with the user's communicator
         with self.lock:
             self.freed = True
-            now = self.pending == 0 and not self._released
+            now = not self._live and not self._released
             self._released = self._released or now
         if now:
             self._release()

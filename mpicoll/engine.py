@@ -383,9 +383,10 @@ class NativeRequest(Request):
         return Request.test(self)
 
     def wait(self):
-        if not self._done and not self._seen_done():
+        if not self._done and not (self._finished and self._settler == threading.get_ident()):
             _engine.wait_native(self)
-        self._raise()
+        if self._error is not None:
+            self._raise()
         return self.result
 
     def add_done_callback(self, fn, wake: bool = True) -> None:
@@ -645,7 +646,8 @@ class _Engine:
     def wait_native(self, req: NativeRequest) -> None:
         """wait() for a NativeRequest: in MPI_Wait (GIL released) while no
         request is in the list; otherwise listed and driven with the others."""
-        self._not_stepping()
+        if self.stepper is not None:
+            self._not_stepping()
         with self.lock:
             alone = not req._finished and not req._blocking and (
                 not self.active and not req._listed
@@ -671,7 +673,10 @@ class _Engine:
                 fns, req._callbacks = req._callbacks, []
         else:
             with self.lock:  # add_done_callback reads _finished under the lock
-                self.stepping(req._end)
+                if req._finish is None:  # nothing to run: no step to mark (see stepping)
+                    req._complete()
+                else:
+                    self.stepping(req._end)
                 fns, req._callbacks = req._callbacks, []
         _settle(req, fns)
 

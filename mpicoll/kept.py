@@ -213,13 +213,16 @@ class KeptAllreduce(_Kept):
 
     def _out(self, x, out):
         """The result array for this call, or MISS."""
-        if self.st.freed or not _plain(x) or not _env_unchanged(self):
+        fl = x.flags
+        if self.st.freed or not (fl.c_contiguous and fl.aligned) or not _env_unchanged(self):
             return _MISS
         mode = self.mode
         if mode == 0:
             return np.empty(x.shape, x.dtype)
         if mode == 1:
-            return x if x.flags.writeable else _MISS
+            return x if fl.writeable else _MISS
+        if self.nat is not None:
+            return out if self.nat.fits(x, out) else _MISS
         return out if _free_out(out, x.shape, x.dtype, x) else _MISS
 
     def __call__(self, x, out):
