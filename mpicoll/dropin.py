@@ -85,7 +85,9 @@ from mpi4py import MPI
 from . import dtypes as _dtypes
 from . import ops as _ops
 from . import plan as _plan
+from . import _env
 from . import arguments as _args
+from .buffers import may_share_memory as _share
 from .persistent import Persistent
 from . import api as _api
 from .commstate import state, wait_until
@@ -326,6 +328,8 @@ def _allgather_plan(comm, flat, mine, rank, p, algorithm, in_place, block, nonbl
 # ---- scatter, gather, allgatherv, alltoall, alltoallv: helpers of their methods (plain arrays: specs.plain_rooted) ----
 
 def _family_name(collective: str, algorithm) -> str:
+    if algorithm == "auto" and _env.get(_args.ENV_ALGORITHM) is None:
+        return "auto"  # the usual call: one look at the environment, not three (the door checks the rest)
     return _args.requested(collective, algorithm, _args.env_settings()[0])
 
 
@@ -452,7 +456,7 @@ class Comm(MPI.Intracomm):
                 out = r.data()
                 x = s.raw[:s.nbytes * p].view(dt.storage)
                 pre = (s.pack,)
-                if out.nbytes and np.may_share_memory(x, out):
+                if out.nbytes and _share(x, out):
                     # mpi4py's "same address is in place" rule: the whole send
                     # buffer starting at the receive buffer.
                     if s.address != r.address:
@@ -521,7 +525,7 @@ class Comm(MPI.Intracomm):
             else:
                 x = s.raw[:s.nbytes].view(dt.storage)
                 out = r.data()
-                if out.nbytes and x.nbytes and np.may_share_memory(x, out):
+                if out.nbytes and x.nbytes and _share(x, out):
                     raise ValueError("mpicoll: send and receive buffers partially overlap")
         except _Native as why:
             return self._native(why, "Reduce_scatter", mode, (sendbuf, recvbuf, recvcounts, op), info)
@@ -556,7 +560,7 @@ class Comm(MPI.Intracomm):
             p = self.Get_size()
             fs, fr = sendbuf.flags, recvbuf.flags
             if recvbuf.size == p * sendbuf.size and fs.c_contiguous and fr.c_contiguous and fr.writeable \
-                    and not np.may_share_memory(sendbuf, recvbuf):
+                    and not _share(sendbuf, recvbuf):
                 # Plain arrays: mpicoll.(i)allgather's own door (kept plans, as in _bcast).
                 return _door("Allgather", mode, "allgather", sendbuf, comm=self,
                              out=recvbuf.reshape((p,) + sendbuf.shape), algorithm=algorithm)
@@ -571,7 +575,7 @@ class Comm(MPI.Intracomm):
                 if s.nbytes != block:
                     raise _mismatch("send size", s.nbytes, block)
                 mine = s.raw[:s.nbytes]
-                if block and np.may_share_memory(mine, flat):
+                if block and _share(mine, flat):
                     if mine.ctypes.data != flat[rank * block:].ctypes.data:
                         raise ValueError("mpicoll: send buffer overlaps the receive buffer")
                 else:
@@ -753,7 +757,7 @@ class Comm(MPI.Intracomm):
             p = self.Get_size()
             fs, fr = sendbuf.flags, recvbuf.flags
             if sendbuf.size == recvbuf.size and sendbuf.size % p == 0 and fs.c_contiguous and fr.c_contiguous \
-                    and fr.writeable and not np.may_share_memory(sendbuf, recvbuf):
+                    and fr.writeable and not _share(sendbuf, recvbuf):
                 # plain arrays: mpicoll.(i)alltoall's own door (kept plans)
                 shape = (p, sendbuf.size // p)
                 return _door(which, mode, "alltoall", sendbuf.reshape(shape), comm=self, out=recvbuf.reshape(shape),

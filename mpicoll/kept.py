@@ -28,6 +28,7 @@ from . import native as _native
 from . import program as _program
 from . import schedule as _sched
 from .algorithms import mpi as _mpi
+from .buffers import may_share_memory as _share
 from .plancache import MISS as _MISS, Kept as _Kept, env_unchanged as _env_unchanged
 from .runtime import Plan, _finish, enter, start_direct
 
@@ -61,7 +62,7 @@ def _free_out(out, shape, dtype, x) -> bool:
     # overlap: the usual call skips may_share_memory (~0.7 us here).
     if out is not x and out.flags.owndata and x.flags.owndata:
         return True
-    return not np.may_share_memory(x, out)
+    return not _share(x, out)
 
 
 def _place(x, out, a: int, b: int) -> bool:
@@ -69,7 +70,7 @@ def _place(x, out, a: int, b: int) -> bool:
     [a, b) of ``out``; nothing to copy when x already is that block (the
     in-place forms). False when x overlaps out any other way: the full path
     then decides (and raises)."""
-    if x.size and np.may_share_memory(x, out):
+    if x.size and _share(x, out):
         return x.ctypes.data == out.ctypes.data + a * out.itemsize
     out.reshape(-1)[a:b] = x.reshape(-1)
     return True
@@ -534,13 +535,13 @@ class KeptScatter(_KeptRooted):
                 return _MISS
         if st.rank == self.root:
             a, b = self.own
-            if x.size and np.may_share_memory(x, out):
+            if x.size and _share(x, out):
                 # in place: out must be root's own block of x
                 if out.ctypes.data != x.ctypes.data + a * x.itemsize:
                     return _MISS
             else:
                 out.reshape(-1)[...] = x.reshape(-1)[a:b]
-        elif x is not None and out.size and np.may_share_memory(x, out):
+        elif x is not None and out.size and _share(x, out):
             return _MISS  # (the full path's rule: it decides)
         return (out if x is None else x), out, out
 
@@ -654,7 +655,7 @@ class KeptReduceScatter(_KeptCall):
         if not self.call:  # one rank: its block is all of x
             out[...] = x.reshape(-1)
             return x, out, out
-        if not out.size or np.may_share_memory(x, out):
+        if not out.size or _share(x, out):
             # (MPICH refuses aliased buffers, also an empty block at x's address)
             return x, np.empty((self.n,), x.dtype), out
         return x, out, out
@@ -734,7 +735,7 @@ class KeptAlltoallv(_KeptCall):
         out = self._given_out(x, out, self.shape)
         if out is _MISS:
             return out
-        if out.size and np.may_share_memory(x, out):
+        if out.size and _share(x, out):
             if out.ctypes.data != x.ctypes.data or out.nbytes != x.nbytes:
                 return _MISS  # a partial overlap: the full path's error
             x = x.copy()

@@ -45,6 +45,7 @@ from . import schedule as _sched
 from .algorithms import mpi as _mpi
 from .algorithms.common import block_bounds, counts_to_bounds
 from .arguments import check_flag, env_settings, knobs_of, reduction, requested, root_of, timeout_of
+from .buffers import may_share_memory as _share
 from .commstate import check_intracomm, state, wait_until
 from .kept import (KeptAllgather, KeptAllgatherv, KeptAllreduce, KeptAlltoall, KeptAlltoallv, KeptBcast, KeptGather,
                    KeptReduce, KeptReduceScatter, KeptScatter, _kept_rooted)
@@ -311,7 +312,7 @@ def allgather(x, *, comm=None, out=None, algorithm="auto", check=None, timeout=N
     result = buffers.output(out, (p,) + arr.shape, arr.dtype)
     flat = buffers.as_bytes(result)
     mine = buffers.as_bytes(arr)
-    if np.may_share_memory(flat, mine) and mine.size:
+    if _share(flat, mine) and mine.size:
         raise ValueError("mpicoll: x overlaps out (allgather places x in row rank of out itself)")
     plan = allgather_bytes(comm, flat, mine, rank, p, name, entry, knobs, check_on, timeout, result,
                            dict(count=arr.size, dtype=(arr.dtype.str, arr.shape)), nonblocking)
@@ -459,7 +460,7 @@ def _byte_bounds(counts, itemsize):
 def _placed(mine, full, a, what):
     """True if ``mine`` already is block [a, ...) of ``full`` (MPI_IN_PLACE);
     ValueError for any other overlap."""
-    if not mine.size or not np.may_share_memory(mine, full):
+    if not mine.size or not _share(mine, full):
         return False
     if full.size > a and mine.ctypes.data == full[a:].ctypes.data:
         return True

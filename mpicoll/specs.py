@@ -20,6 +20,7 @@ import threading
 import numpy as np
 from mpi4py import MPI
 
+from .buffers import may_share_memory as _share
 from .mpitypes import Native as _Native, type_info as _type_info
 from .plancache import counts_key
 
@@ -600,7 +601,7 @@ def _in_place(s: _Msg, r: _Msg) -> bool:
     place. Any other overlap is an error MPI would not catch reliably."""
     if s.nbytes and r.nbytes and s.address == r.address:
         return True
-    if s.nbytes and r.nbytes and np.may_share_memory(s.raw[:s.nbytes], r.raw[:r.nbytes]):
+    if s.nbytes and r.nbytes and _share(s.raw[:s.nbytes], r.raw[:r.nbytes]):
         raise ValueError("mpicoll: send and receive buffers partially overlap")
     return False
 
@@ -638,7 +639,7 @@ def plain_v(spec, p: int, writable: bool, like=None):
 
 
 def apart(a, b) -> bool:
-    return not a.nbytes or not b.nbytes or not np.may_share_memory(a, b)
+    return not a.nbytes or not b.nbytes or not _share(a, b)
 
 
 def plain_rooted(comm, full, block, root, recv_side):
@@ -660,6 +661,6 @@ def plain_rooted(comm, full, block, root, recv_side):
     if type(full) is not np.ndarray or full.dtype != block.dtype or full.size != p * block.size:
         return False
     ff = full.flags
-    if not ff.c_contiguous or not recv_side and not ff.writeable or np.may_share_memory(full, block):
+    if not ff.c_contiguous or not recv_side and not ff.writeable or _share(full, block):
         return False
     return full.reshape((p,) + block.shape)
