@@ -3,8 +3,10 @@ all-reduce algorithm on a few dtypes/ops and awkward counts, in place and
 not, plus reduce_scatter, allgather, bcast, reduce and a pre-flight check;
 wire compression (fp16, bf16, top-k: compress.c), the shared-memory
 all-reduce (its flag sync is shmsync.c), the C executor (executor.c: a
-repeated call of a compilable algorithm), the nonblocking all-reduce and the
-mpi4py drop-in ``mpicoll.Comm``, so that every C file runs.
+repeated call of a compilable algorithm), the library's collectives called
+from C (native.c: repeated calls of algorithm "mpi", every collective and
+form), the nonblocking all-reduce and the mpi4py drop-in ``mpicoll.Comm``,
+so that every C file runs.
 Run by ``make sanitize`` under valgrind (and under ASan) at p = 2:
 
     mpiexec -n 2 valgrind ... python -m mpi4py tools/small_mpi_run.py
@@ -53,6 +55,32 @@ for n in (0, 7, 20000):
     x = (np.arange(n) % 3 + rank).astype(np.float32)
     got = mpicoll.iallreduce(x, comm=comm).wait()
     assert got.tobytes() == mpicoll.allreduce(x, comm=comm).tobytes()
+# Repeated calls of the MPI library's own algorithm, every collective: the
+# kept plans make them from C (native.c), blocking, nonblocking and, where
+# the library has them, persistent.
+counts = [(k % 3) + 1 for k in range(p)]
+for _ in range(2):
+    x = np.arange(1001.0) + rank
+    mpicoll.allreduce(x, comm=comm, algorithm="mpi")
+    mpicoll.iallreduce(x, comm=comm, algorithm="mpi").wait()
+    mpicoll.bcast(x, 0, comm=comm)
+    mpicoll.ibcast(x, 0, comm=comm).wait()
+    mpicoll.reduce(x, root=0, comm=comm)
+    mpicoll.ireduce(x, root=0, comm=comm).wait()
+    mpicoll.reduce_scatter(x, comm=comm)
+    mpicoll.allgather(x[:5], comm=comm)
+    mpicoll.iallgather(x[:5], comm=comm).wait()
+    mpicoll.scatter(np.ones((p, 3)), 0, comm=comm)
+    mpicoll.gather(x[:3], 0, comm=comm)
+    mpicoll.alltoall(np.ones((p, 3)), comm=comm)
+    mpicoll.ialltoall(np.ones((p, 3)), comm=comm).wait()
+    mpicoll.allgatherv(np.ones(counts[rank]), counts, comm=comm)
+    mpicoll.alltoallv(np.ones(sum(counts)), counts, [counts[rank]] * p, comm=comm)  # (j sends counts[me] to me)
+    for pq in (mpicoll.allreduce_init(x, comm=comm, algorithm="mpi"), mpicoll.bcast_init(x, 0, comm=comm),
+               mpicoll.alltoall_init(np.ones((p, 3)), comm=comm)):
+        pq()
+        pq()
+        pq.free()
 drop = mpicoll.Comm(comm)
 send, recv = np.arange(1001, dtype=np.float64) + rank, np.empty(1001)
 drop.Allreduce(send, recv, op=MPI.SUM)

@@ -3,7 +3,7 @@
     python tools/valgrind_check.py /tmp/vg.*.log
 
 An error is mpicoll's when any frame of its stack is in mpicoll's C kernels
-(the _kernels extension, reduce.c, cast.c, compress.c, shmsync.c) or in mpicoll's Python package.
+(the _kernels, _executor_* and _native_* extensions and their C files) or in mpicoll's Python package.
 Everything else (CPython, ld.so, glibc, MPICH) is counted and listed by the
 top frame, so a reader can see what the suppressions did not cover.
 Exit status 1 if any error is mpicoll's or a log has no ERROR SUMMARY.
@@ -12,7 +12,8 @@ import collections
 import re
 import sys
 
-OURS = re.compile(r"_kernels|/csrc/|reduce\.c|cast\.c|compress\.c|shmsync\.c|/mpicoll/")
+OURS = re.compile(r"_kernels|_executor_|_native_|/csrc/|reduce\.c|cast\.c|compress\.c|shmsync\.c|executor\.c|"
+                  r"native\.c|/mpicoll/")
 HEAD = re.compile(r"^==\d+== (Invalid|Conditional|Use of|Syscall|Source and|Mismatched|Argument)")
 
 
