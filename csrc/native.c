@@ -63,6 +63,10 @@ typedef struct {
     int block;         /* K_ALLTOALL's block in bytes */
     int *counts, *displs, *rcounts, *rdispls;  /* NULL where the kind has none */
     Py_ssize_t send_extent, recv_extent;        /* bytes the v-forms reach in s and r */
+    /* A kept all-reduce's whole short path (gate(), then call the object):
+     * the communicator's state and the facts kept.py checks on every call. */
+    PyObject *st, *busy, *numbers, *env_data, *env_keys, *env_vals, *engine, *miss;
+    int mode; /* kept.py's: 0 no out, 1 out is x, 2 another out */
 } Call;
 
 static int int_array(PyObject *seq, int n, int **out, const char *what) {
@@ -115,7 +119,33 @@ static Py_ssize_t extent(const int *counts, const int *displs, int n, int unit) 
     return end;
 }
 
+static int Call_traverse(Call *self, visitproc visit, void *arg) {
+    Py_VISIT(self->st);
+    Py_VISIT(self->busy);
+    Py_VISIT(self->numbers);
+    Py_VISIT(self->env_data);
+    Py_VISIT(self->env_keys);
+    Py_VISIT(self->env_vals);
+    Py_VISIT(self->engine);
+    Py_VISIT(self->miss);
+    return 0;
+}
+
+static int Call_clear(Call *self) {
+    Py_CLEAR(self->st);
+    Py_CLEAR(self->busy);
+    Py_CLEAR(self->numbers);
+    Py_CLEAR(self->env_data);
+    Py_CLEAR(self->env_keys);
+    Py_CLEAR(self->env_vals);
+    Py_CLEAR(self->engine);
+    Py_CLEAR(self->miss);
+    return 0;
+}
+
 static void Call_dealloc(Call *self) {
+    PyObject_GC_UnTrack(self);
+    Call_clear(self);
     PyMem_Free(self->counts);
     PyMem_Free(self->displs);
     PyMem_Free(self->rcounts);
@@ -617,7 +647,192 @@ static PyObject *Call_fits(Call *self, PyObject *const *args, Py_ssize_t nargs) 
     Py_RETURN_TRUE;
 }
 
+/* ---- a kept all-reduce's short path, whole (kept.KeptAllreduce.__call__) ----
+ *
+ * gate(st, kept, env_data, engine, miss) binds the object to a kept
+ * all-reduce of the library's algorithm: its communicator's state (the
+ * one-thread gate ``busy``, the call numbers), the environment it was
+ * decided under and the engine (callbacks running). Then calling the object
+ * with (x, out) does what KeptAllreduce.__call__ does for such a call - the
+ * checks, the gate, the call number, MPI_Allreduce, the gate again - without
+ * a Python frame, and returns the result, or ``miss`` when anything is not
+ * as usual (a flag, the environment, a thread in the gate, a callback
+ * running): the Python path then decides, and raises where it must. */
+static PyObject *one; /* the int 1 */
+static PyObject *s_freed, *s_seq, *s_acquire, *s_release, *s_running, *s_busy, *s_numbers, *s_env, *s_env_keys,
+    *s_mode;
+
+static PyObject *Call_gate(Call *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "mpicoll native: gate(st, kept, env_data, engine, miss)");
+        return NULL;
+    }
+    if (self->kind != K_ALLREDUCE) {
+        PyErr_SetString(PyExc_ValueError, "mpicoll native: only an all-reduce's Call takes a gate");
+        return NULL;
+    }
+    PyObject *st = args[0], *kept = args[1];
+    PyObject *busy = PyObject_GetAttr(st, s_busy), *numbers = PyObject_GetAttr(st, s_numbers);
+    PyObject *vals = PyObject_GetAttr(kept, s_env), *keys = PyObject_GetAttr(kept, s_env_keys);
+    PyObject *mode = PyObject_GetAttr(kept, s_mode);
+    long m = mode == NULL ? -1 : PyLong_AsLong(mode);
+    Py_XDECREF(mode);
+    if (busy == NULL || numbers == NULL || vals == NULL || keys == NULL || m == -1 || !PyDict_Check(args[2])
+        || !PyTuple_Check(vals) || !PyTuple_Check(keys) || PyTuple_GET_SIZE(vals) != PyTuple_GET_SIZE(keys)) {
+        Py_XDECREF(busy);
+        Py_XDECREF(numbers);
+        Py_XDECREF(vals);
+        Py_XDECREF(keys);
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "mpicoll native: gate() got a state or kept plan it cannot read");
+        return NULL;
+    }
+    Call_clear(self);
+    self->mode = (int)m;
+    Py_INCREF(st);
+    self->st = st;
+    self->busy = busy;
+    self->numbers = numbers;
+    self->env_vals = vals;
+    self->env_keys = keys;
+    Py_INCREF(args[2]);
+    self->env_data = args[2];
+    Py_INCREF(args[3]);
+    self->engine = args[3];
+    Py_INCREF(args[4]);
+    self->miss = args[4];
+    Py_RETURN_NONE;
+}
+
+/* 1: as usual; 0: not (the Python path decides); -1: an error is set. */
+static int usual(Call *self) {
+    PyObject *v = PyObject_GetAttr(self->st, s_freed);
+    if (v == NULL)
+        return -1;
+    int freed = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    if (freed)
+        return freed < 0 ? -1 : 0;
+    Py_ssize_t n = PyTuple_GET_SIZE(self->env_keys);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        /* kept.py compares the raw values by identity (plancache.env_unchanged) */
+        PyObject *got = PyDict_GetItemWithError(self->env_data, PyTuple_GET_ITEM(self->env_keys, i));
+        if (got == NULL && PyErr_Occurred())
+            return -1;
+        if (got == NULL)
+            got = Py_None;
+        if (got != PyTuple_GET_ITEM(self->env_vals, i))
+            return 0;
+    }
+    v = PyObject_GetAttr(self->engine, s_running);
+    if (v == NULL)
+        return -1;
+    int running = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return running ? (running < 0 ? -1 : 0) : 1;
+}
+
+static PyObject *Call_kept(Call *self, PyObject *args, PyObject *kw) {
+    PyObject *xo, *oo;
+    if (self->st == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "mpicoll native: call a Call only after gate()");
+        return NULL;
+    }
+    if (kw != NULL || !PyArg_UnpackTuple(args, "kept", 2, 2, &xo, &oo))
+        return NULL;
+    if (!PyArray_CheckExact(xo))
+        goto miss;
+    PyArrayObject *x = (PyArrayObject *)xo, *out;
+    int need = NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED;
+    if ((PyArray_FLAGS(x) & need) != need)
+        goto miss;
+    int ok = usual(self);
+    if (ok < 0)
+        return NULL;
+    if (!ok)
+        goto miss;
+    if (self->mode == 0) {
+        PyArray_Descr *d = PyArray_DESCR(x);
+        Py_INCREF(d);
+        out = (PyArrayObject *)PyArray_NewFromDescr(&PyArray_Type, d, PyArray_NDIM(x), PyArray_DIMS(x), NULL, NULL,
+                                                    0, NULL);
+        if (out == NULL)
+            return NULL;
+    } else if (self->mode == 1) {
+        if (!(PyArray_FLAGS(x) & NPY_ARRAY_WRITEABLE))
+            goto miss;
+        out = x;
+        Py_INCREF(out);
+    } else {
+        PyObject *pair[2] = {xo, oo};
+        PyObject *fits = Call_fits(self, pair, 2);
+        if (fits != Py_True) {
+            Py_XDECREF(fits);
+            if (PyErr_Occurred())
+                return NULL;
+            goto miss;
+        }
+        Py_DECREF(fits);
+        out = (PyArrayObject *)oo;
+        Py_INCREF(out);
+    }
+    /* The one-thread gate (runtime.enter): a thread already in it, and the
+     * Python path raises the error that applies. */
+    PyObject *got = PyObject_CallMethodOneArg(self->busy, s_acquire, Py_False);
+    if (got != Py_True) {
+        Py_DECREF(out);
+        Py_XDECREF(got);
+        if (PyErr_Occurred())
+            return NULL;
+        goto miss;
+    }
+    Py_DECREF(got);
+    /* The call's number (CommState.next_seq): next() of its itertools.count. */
+    PyObject *seq = PyIter_Next(self->numbers), *next = NULL;
+    int rc = MPI_SUCCESS, failed = seq == NULL;
+    if (!failed) {
+        next = PyNumber_Add(seq, one);
+        failed = next == NULL || PyObject_SetAttr(self->st, s_seq, next) < 0;
+    }
+    Py_XDECREF(seq);
+    Py_XDECREF(next);
+    if (!failed) {
+        int rcp;
+        if (post(self, self->mode == 1 ? Py_None : xo, (PyObject *)out, F_BLOCKING, NULL, &rcp) < 0)
+            failed = 1;
+        else
+            rc = rcp;
+    }
+    PyObject *exc_type, *exc_value, *exc_tb;
+    PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
+    PyObject *rel = PyObject_CallMethodNoArgs(self->busy, s_release);
+    if (rel == NULL) {
+        Py_XDECREF(exc_type);
+        Py_XDECREF(exc_value);
+        Py_XDECREF(exc_tb);
+        Py_DECREF(out);
+        return NULL;
+    }
+    Py_DECREF(rel);
+    PyErr_Restore(exc_type, exc_value, exc_tb);
+    if (failed) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    if (rc != MPI_SUCCESS) {
+        Py_DECREF(out);
+        raise_mpi(rc);
+        return NULL;
+    }
+    return (PyObject *)out;
+miss:
+    Py_INCREF(self->miss);
+    return self->miss;
+}
+
 static PyMethodDef Call_methods[] = {
+    {"gate", (PyCFunction)(void (*)(void))Call_gate, METH_FASTCALL,
+     "gate(st, kept, env_data, engine, miss): bind a kept all-reduce's state; then call the object with (x, out)."},
     {"start", (PyCFunction)(void (*)(void))Call_start, METH_FASTCALL,
      "start(sbuf, rbuf) -> Req: the I-call on these arrays, started."},
     {"init", (PyCFunction)(void (*)(void))Call_persistent, METH_FASTCALL,
@@ -632,9 +847,12 @@ static PyTypeObject CallType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "mpicoll.native.Call",
     .tp_basicsize = sizeof(Call),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "One kept collective of the MPI library's, called on numpy arrays (see csrc/native.c).",
     .tp_methods = Call_methods,
+    .tp_call = (ternaryfunc)Call_kept,
+    .tp_traverse = (traverseproc)Call_traverse,
+    .tp_clear = (inquiry)Call_clear,
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Call_new_init,
     .tp_dealloc = (destructor)Call_dealloc,
@@ -647,6 +865,15 @@ static PyObject *init(const char *name) {
     import_array1(NULL);  /* (returns NULL with numpy's error if numpy's C API is missing) */
     module.m_name = name;
     if (PyType_Ready(&CallType) < 0 || PyType_Ready(&ReqType) < 0)
+        return NULL;
+    static const struct { PyObject **s; const char *text; } names[] = {
+        {&s_freed, "freed"}, {&s_seq, "seq"}, {&s_acquire, "acquire"}, {&s_release, "release"},
+        {&s_running, "_running_callbacks"}, {&s_busy, "busy"}, {&s_numbers, "_numbers"}, {&s_env, "env"},
+        {&s_env_keys, "env_keys"}, {&s_mode, "mode"}};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (*names[i].s == NULL && (*names[i].s = PyUnicode_InternFromString(names[i].text)) == NULL)
+            return NULL;
+    if (one == NULL && (one = PyLong_FromLong(1)) == NULL)
         return NULL;
     if (MPIException == NULL) {
         PyObject *mpi = PyImport_ImportModule("mpi4py.MPI");

@@ -182,7 +182,10 @@ def allreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", **options):
                 k = plans.get(key)
                 if k is not None:
                     plans.move_to_end(key)
-                    res = k(x, out)
+                    # (the kept call's whole C path where it has one, else
+                    # its Python path, which also handles what C missed)
+                    fast = k.fast
+                    res = k(x, out) if fast is None or (res := fast(x, out)) is _MISS else res
                     if res is not _MISS:
                         return res
             plan = _plan.allreduce(x, op, comm=comm, out=out, algorithm=algorithm, **options)

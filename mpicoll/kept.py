@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
+from . import _env
 from . import engine
 from . import executor as _executor
 from . import native as _native
@@ -160,7 +161,7 @@ class KeptAllreduce(_Kept):
     plan bound to the call's arrays (``bind``: its schedule over them).
     ``mode``: 0 no out, 1 out is x, 2 another out (set by the front door)."""
 
-    __slots__ = ("name", "entry", "knobs", "red", "datatype", "op", "mode", "avg", "exe", "direct", "nat")
+    __slots__ = ("name", "entry", "knobs", "red", "datatype", "op", "mode", "avg", "exe", "direct", "nat", "fast")
 
     def __init__(self, st, name, entry, knobs, red, native):
         super().__init__(st)
@@ -169,6 +170,10 @@ class KeptAllreduce(_Kept):
         self.datatype, self.op = _mpi._typed(red) if native else (None, None)
         self.nat = (_native.call(_native.ALLREDUCE, st.comm, self.datatype, self.op)
                     if native and st.size > 1 else None)
+        # nat gated (csrc/native.c, gate()): this whole method for the
+        # library's algorithm in C, from the second hit on; None until then
+        # or where there is no nat (or avg, whose division stays here).
+        self.fast = None
         # The schedule compiled for the C executor: None until the first
         # hit tries, then an executor.Executable or False (not compilable,
         # no executor, or turned off).
@@ -227,6 +232,8 @@ class KeptAllreduce(_Kept):
         return out if _free_out(out, x.shape, x.dtype, x) else _MISS
 
     def __call__(self, x, out):
+        # (api.allreduce calls self.fast itself first: all of the below in
+        # one C call, MISS for anything unusual, which this then decides.)
         # The hot path of every short all-reduce: the checks of _out and
         # enter() written out (each Python call costs ~0.1 us here).
         st = self.st
@@ -275,6 +282,9 @@ class KeptAllreduce(_Kept):
                     rc = nat.run(None if mode == 1 else x, out)
                     if rc:
                         _native.check(rc)
+                    if self.fast is None and not self.avg and _env._DATA is not None:
+                        nat.gate(st, self, _env._DATA, engine, _MISS)
+                        self.fast = nat
             if self.avg:
                 self.red.finish(out.reshape(-1), st.size)
         finally:

@@ -278,3 +278,83 @@ def test_every_door_of_the_library_algorithm_takes_the_native_requests(comm):
             res = pq()
         pq.free()
     assert (res == np.arange(p)[:, None]).all()
+
+
+def _fast_kept(comm, x, out):
+    """The kept all-reduce of algorithm mpi for (x, out) on comm, its C path
+    engaged (a call, a kept hit that gates it, then one through C)."""
+    for _ in range(3):
+        mpicoll.allreduce(x, comm=comm, out=out, algorithm="mpi")
+    [k] = [k for key, k in state(comm).plans._d.items() if key[0] == "allreduce"]
+    return k
+
+
+def test_kept_allreduce_runs_whole_in_c_and_gives_numpys_result(comm):
+    if comm.size == 1:
+        pytest.skip("one rank: nothing is exchanged")
+    p, r = comm.size, comm.rank
+    for mode_out in ("new", "inplace", "other"):
+        state(comm).plans.clear()
+        x = np.arange(6, dtype=np.float64) * (r + 1)
+        want = np.arange(6) * sum(range(1, p + 1))
+        out = None if mode_out == "new" else x if mode_out == "inplace" else np.empty(6)
+        if mode_out == "inplace":
+            x[:] = np.arange(6) * (r + 1)
+        k = _fast_kept(comm, x if mode_out != "inplace" else x, out)
+        assert k.fast is not None, "the C path did not engage"
+        before = state(comm).seq
+        for i in range(3):
+            xi = np.arange(6, dtype=np.float64) * (r + 1) if mode_out != "inplace" else x
+            if mode_out == "inplace":
+                x[:] = np.arange(6) * (r + 1)
+            got = mpicoll.allreduce(xi, comm=comm, out=(None if mode_out == "new" else xi if out is x else out),
+                                    algorithm="mpi")
+            assert np.array_equal(got, want), (mode_out, got)
+            if mode_out == "other":
+                assert got is out
+        assert state(comm).seq == before + 3
+
+
+def test_kept_c_path_leaves_the_unusual_to_python(comm, monkeypatch):
+    """What the C path does not serve it hands to the Python path, which
+    decides as before: another thread in the gate is an error (every rank
+    here), a changed environment decides afresh, overlapping or strided
+    arrays take the full path."""
+    if comm.size == 1:
+        pytest.skip("one rank: nothing is exchanged")
+    p = comm.size
+    x, out = np.ones(8), np.empty(8)
+    k = _fast_kept(comm, x, out)
+    assert k.fast is not None
+    st = state(comm)
+    assert st.busy.acquire(False)  # as if another thread were inside a collective
+    try:
+        with pytest.raises(RuntimeError, match="another thread"):
+            mpicoll.allreduce(x, comm=comm, out=out, algorithm="mpi")
+    finally:
+        st.busy.release()
+    comm.Barrier()
+    monkeypatch.setenv("MPICOLL_CHECK", "0")  # every rank: a changed environment
+    assert np.array_equal(mpicoll.allreduce(x, comm=comm, out=out, algorithm="mpi"), np.full(8, p))
+    monkeypatch.delenv("MPICOLL_CHECK")
+    big = np.ones(16)
+    with pytest.raises(ValueError):  # out overlapping x partly: the full path's error, on every rank
+        mpicoll.allreduce(big[:8], comm=comm, out=big[4:12], algorithm="mpi")
+    comm.Barrier()
+    strided = np.ones(16)[::2]
+    assert np.array_equal(mpicoll.allreduce(strided, comm=comm, out=out, algorithm="mpi"), np.full(8, p))
+
+
+def test_kept_c_path_on_a_freed_communicator_is_not_taken():
+    comm = MPI.COMM_WORLD.Dup()
+    if comm.size == 1:
+        comm.Free()
+        pytest.skip("one rank: nothing is exchanged")
+    x, out = np.ones(4), np.empty(4)
+    k = _fast_kept(comm, x, out)
+    assert k.fast is not None
+    st = state(comm)
+    comm.Free()
+    assert st.freed
+    from mpicoll import plancache
+    assert k.fast(x, out) is plancache.MISS
