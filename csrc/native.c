@@ -732,14 +732,13 @@ static int usual(Call *self) {
     return running ? (running < 0 ? -1 : 0) : 1;
 }
 
-static PyObject *Call_kept(Call *self, PyObject *args, PyObject *kw) {
-    PyObject *xo, *oo;
+/* The kept all-reduce on (x, out), blocking (returns the result) or started
+ * (F_START: returns (result, Req)); ``miss`` for anything unusual. */
+static PyObject *kept_run(Call *self, PyObject *xo, PyObject *oo, int form) {
     if (self->st == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "mpicoll native: call a Call only after gate()");
         return NULL;
     }
-    if (kw != NULL || !PyArg_UnpackTuple(args, "kept", 2, 2, &xo, &oo))
-        return NULL;
     if (!PyArray_CheckExact(xo))
         goto miss;
     PyArrayObject *x = (PyArrayObject *)xo, *out;
@@ -796,9 +795,20 @@ static PyObject *Call_kept(Call *self, PyObject *args, PyObject *kw) {
     }
     Py_XDECREF(seq);
     Py_XDECREF(next);
+    Req *q = NULL;
+    if (!failed && form == F_START) {
+        q = PyObject_New(Req, &ReqType);
+        if (q == NULL)
+            failed = 1;
+        else {
+            q->req = MPI_REQUEST_NULL;
+            q->active = q->inside = q->persistent = 0;
+            q->s = q->r = NULL;
+        }
+    }
     if (!failed) {
         int rcp;
-        if (post(self, self->mode == 1 ? Py_None : xo, (PyObject *)out, F_BLOCKING, NULL, &rcp) < 0)
+        if (post(self, self->mode == 1 ? Py_None : xo, (PyObject *)out, form, q == NULL ? NULL : &q->req, &rcp) < 0)
             failed = 1;
         else
             rc = rcp;
@@ -815,22 +825,49 @@ static PyObject *Call_kept(Call *self, PyObject *args, PyObject *kw) {
     }
     Py_DECREF(rel);
     PyErr_Restore(exc_type, exc_value, exc_tb);
-    if (failed) {
+    if (failed || rc != MPI_SUCCESS) {
+        Py_XDECREF(q);
         Py_DECREF(out);
+        if (!failed)
+            raise_mpi(rc);
         return NULL;
     }
-    if (rc != MPI_SUCCESS) {
-        Py_DECREF(out);
-        raise_mpi(rc);
-        return NULL;
-    }
-    return (PyObject *)out;
+    if (q == NULL)
+        return (PyObject *)out;
+    /* The request holds the arrays the library reads and writes until it completes. */
+    Py_INCREF(xo);
+    q->s = xo;
+    Py_INCREF(out);
+    q->r = (PyObject *)out;
+    q->active = 1;
+    PyObject *pair = PyTuple_Pack(2, (PyObject *)out, (PyObject *)q);
+    Py_DECREF(q);  /* (the pair holds it, or the error drops it: active, its arrays are kept) */
+    Py_DECREF(out);
+    return pair;
 miss:
     Py_INCREF(self->miss);
     return self->miss;
 }
 
+static PyObject *Call_kept(Call *self, PyObject *args, PyObject *kw) {
+    PyObject *xo, *oo;
+    if (kw != NULL || !PyArg_UnpackTuple(args, "kept", 2, 2, &xo, &oo))
+        return NULL;
+    return kept_run(self, xo, oo, F_BLOCKING);
+}
+
+/* start_kept(x, out) -> (result, Req) or miss: the same, started. */
+static PyObject *Call_start_kept(Call *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "mpicoll native: start_kept(x, out)");
+        return NULL;
+    }
+    return kept_run(self, args[0], args[1], F_START);
+}
+
 static PyMethodDef Call_methods[] = {
+    {"start_kept", (PyCFunction)(void (*)(void))Call_start_kept, METH_FASTCALL,
+     "start_kept(x, out) -> (result, Req) or miss: a gated all-reduce's I-call, whole."},
     {"gate", (PyCFunction)(void (*)(void))Call_gate, METH_FASTCALL,
      "gate(st, kept, env_data, engine, miss): bind a kept all-reduce's state; then call the object with (x, out)."},
     {"start", (PyCFunction)(void (*)(void))Call_start, METH_FASTCALL,

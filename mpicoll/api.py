@@ -26,6 +26,7 @@ import numpy as np
 
 from mpi4py import MPI
 
+from . import engine as _engine
 from . import plan as _plan
 from . import arguments as _args
 from .persistent import Persistent
@@ -287,6 +288,12 @@ def iallreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", dtype=None
         key = ("iallreduce", x.shape, x.dtype, o, algorithm, mode) + extra
         k = _kept(comm, key)
         if k is not None:
+            fast = k.fast
+            if fast is not None:  # the kept start whole in C (KeptAllreduce.fast); MISS: the Python path decides
+                got = fast.start_kept(x, out)
+                if got is not _MISS:
+                    # (the native request holds the arrays until it completes)
+                    return _engine.start_native(got[1], got[0], None, x.nbytes, k.st)
             req = k.start(x, out)
             if req is not _MISS:
                 return req

@@ -329,6 +329,9 @@ class KeptAllreduce(_Kept):
                 req = st.comm.Iallreduce(_IN_PLACE if out is x else [x, dt], [out, dt], self.op)
             else:
                 req = nat.start(None if out is x else x, out)
+                if self.fast is None and not self.avg and _env._DATA is not None:
+                    nat.gate(st, self, _env._DATA, engine, _MISS)  # (the next starts: api.iallreduce)
+                    self.fast = nat
         finally:
             busy.release()
         if self.avg:

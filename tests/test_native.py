@@ -358,3 +358,34 @@ def test_kept_c_path_on_a_freed_communicator_is_not_taken():
     assert st.freed
     from mpicoll import plancache
     assert k.fast(x, out) is plancache.MISS
+
+
+def test_kept_iallreduce_starts_whole_in_c(comm):
+    """The nonblocking door's kept start in one C call (start_kept): the
+    request holds the arrays, gives numpy's result in every mode, numbers
+    each call once, and a thread in the gate is still an error."""
+    if comm.size == 1:
+        pytest.skip("one rank: nothing is exchanged")
+    p, r = comm.size, comm.rank
+    st = state(comm)
+    for mode_out in ("new", "inplace", "other"):
+        st.plans.clear()
+        for i in range(4):
+            x = np.arange(5, dtype=np.int64) + r + i
+            out = None if mode_out == "new" else x if mode_out == "inplace" else np.zeros(5, np.int64)
+            before = st.seq
+            req = mpicoll.iallreduce(x, comm=comm, out=out, algorithm="mpi")
+            del x  # the request keeps what the library reads and writes
+            got = req.wait()
+            assert np.array_equal(got, np.arange(5) * p + sum(range(p)) + i * p), (mode_out, i, got)
+            assert st.seq == before + 1
+        [k] = [k for key, k in st.plans._d.items() if key[0] == "iallreduce"]
+        assert k.fast is not None, mode_out
+    x = np.ones(3)
+    assert st.busy.acquire(False)
+    try:
+        with pytest.raises(RuntimeError, match="another thread"):
+            mpicoll.iallreduce(x, comm=comm, algorithm="mpi")
+    finally:
+        st.busy.release()
+    comm.Barrier()
