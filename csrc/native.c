@@ -647,10 +647,10 @@ static PyObject *Call_fits(Call *self, PyObject *const *args, Py_ssize_t nargs) 
     Py_RETURN_TRUE;
 }
 
-/* ---- a kept all-reduce's short path, whole (kept.KeptAllreduce.__call__) ----
+/* ---- a kept all-reduce's (or bcast's) short path, whole (kept.KeptAllreduce.__call__) ----
  *
  * gate(st, kept, env_data, engine, miss) binds the object to a kept
- * all-reduce of the library's algorithm: its communicator's state (the
+ * all-reduce (or bcast) of the library's algorithm: its communicator's state (the
  * one-thread gate ``busy``, the call numbers), the environment it was
  * decided under and the engine (callbacks running). Then calling the object
  * with (x, out) does what KeptAllreduce.__call__ does for such a call - the
@@ -667,8 +667,8 @@ static PyObject *Call_gate(Call *self, PyObject *const *args, Py_ssize_t nargs) 
         PyErr_SetString(PyExc_TypeError, "mpicoll native: gate(st, kept, env_data, engine, miss)");
         return NULL;
     }
-    if (self->kind != K_ALLREDUCE) {
-        PyErr_SetString(PyExc_ValueError, "mpicoll native: only an all-reduce's Call takes a gate");
+    if (self->kind != K_ALLREDUCE && self->kind != K_BCAST) {
+        PyErr_SetString(PyExc_ValueError, "mpicoll native: only an all-reduce's or a bcast's Call takes a gate");
         return NULL;
     }
     PyObject *st = args[0], *kept = args[1];
@@ -750,7 +750,13 @@ static PyObject *kept_run(Call *self, PyObject *xo, PyObject *oo, int form) {
         return NULL;
     if (!ok)
         goto miss;
-    if (self->mode == 0) {
+    if (self->kind == K_BCAST) {
+        /* kept.KeptBcast: in place, on a writable x */
+        if (!(PyArray_FLAGS(x) & NPY_ARRAY_WRITEABLE))
+            goto miss;
+        out = x;
+        Py_INCREF(out);
+    } else if (self->mode == 0) {
         PyArray_Descr *d = PyArray_DESCR(x);
         Py_INCREF(d);
         out = (PyArrayObject *)PyArray_NewFromDescr(&PyArray_Type, d, PyArray_NDIM(x), PyArray_DIMS(x), NULL, NULL,
@@ -808,7 +814,8 @@ static PyObject *kept_run(Call *self, PyObject *xo, PyObject *oo, int form) {
     }
     if (!failed) {
         int rcp;
-        if (post(self, self->mode == 1 ? Py_None : xo, (PyObject *)out, form, q == NULL ? NULL : &q->req, &rcp) < 0)
+        PyObject *send = self->kind == K_BCAST || self->mode == 1 ? Py_None : xo;
+        if (post(self, send, (PyObject *)out, form, q == NULL ? NULL : &q->req, &rcp) < 0)
             failed = 1;
         else
             rc = rcp;
@@ -850,19 +857,19 @@ miss:
 }
 
 static PyObject *Call_kept(Call *self, PyObject *args, PyObject *kw) {
-    PyObject *xo, *oo;
-    if (kw != NULL || !PyArg_UnpackTuple(args, "kept", 2, 2, &xo, &oo))
+    PyObject *xo, *oo = Py_None;
+    if (kw != NULL || !PyArg_UnpackTuple(args, "kept", 1, 2, &xo, &oo))
         return NULL;
     return kept_run(self, xo, oo, F_BLOCKING);
 }
 
-/* start_kept(x, out) -> (result, Req) or miss: the same, started. */
+/* start_kept(x[, out]) -> (result, Req) or miss: the same, started. */
 static PyObject *Call_start_kept(Call *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "mpicoll native: start_kept(x, out)");
+    if (nargs != 1 && nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "mpicoll native: start_kept(x[, out])");
         return NULL;
     }
-    return kept_run(self, args[0], args[1], F_START);
+    return kept_run(self, args[0], nargs == 2 ? args[1] : Py_None, F_START);
 }
 
 static PyMethodDef Call_methods[] = {

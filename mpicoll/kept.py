@@ -82,11 +82,21 @@ class _KeptCall(_Kept):
     (not built, turned off, nothing to exchange); ``_nat_bufs(x, out)``
     gives its (send, receive) arrays, None for MPI_IN_PLACE or none."""
 
-    __slots__ = ("call", "mode", "nat")
+    __slots__ = ("call", "mode", "nat", "fast")
+
+    # Whether nat, once a call ran through it, is gated to run the whole
+    # call in C (csrc/native.c: bcast's, whose checks it knows); the front
+    # door then calls ``fast`` first (api._door).
+    GATED = False
 
     def __init__(self, st, call):
         super().__init__(st)
-        self.call, self.mode, self.nat = call, 0, None
+        self.call, self.mode, self.nat, self.fast = call, 0, None, None
+
+    def _gate(self, nat):
+        if self.GATED and self.fast is None and _env._DATA is not None:
+            nat.gate(self.st, self, _env._DATA, engine, _MISS)
+            self.fast = nat
 
     def _native(self, kind, **how):
         if self.call:
@@ -126,6 +136,7 @@ class _KeptCall(_Kept):
                     rc = nat.run(*self._nat_bufs(x, out))
                     if rc:
                         _native.check(rc)
+                    self._gate(nat)
                 self._finish(out, result)
             finally:
                 st.busy.release()
@@ -144,7 +155,11 @@ class _KeptCall(_Kept):
         try:
             st.next_seq()
             nat = self.nat
-            req = self._nonblocking(x, out) if nat is None else nat.start(*self._nat_bufs(x, out))
+            if nat is None:
+                req = self._nonblocking(x, out)
+            else:
+                req = nat.start(*self._nat_bufs(x, out))
+                self._gate(nat)
         finally:
             st.busy.release()
         return engine.start_native(req, result, self._after(out, result), x.nbytes, st, keep=(x, out))
@@ -390,6 +405,8 @@ class KeptAllreduce(_Kept):
 
 class KeptBcast(_KeptCall):
     """bcast: MPI_Bcast of the call's array as bytes (in place)."""
+
+    GATED = True
 
     __slots__ = ("root",)
 

@@ -389,3 +389,35 @@ def test_kept_iallreduce_starts_whole_in_c(comm):
     finally:
         st.busy.release()
     comm.Barrier()
+
+
+def test_kept_bcast_runs_whole_in_c(comm):
+    """bcast's kept call, blocking and started, whole in C from its third
+    call: root's bytes everywhere, one number per call, the gate kept."""
+    if comm.size == 1:
+        pytest.skip("one rank: nothing is exchanged")
+    p, r = comm.size, comm.rank
+    st = state(comm)
+    root = p - 1
+    for i in range(4):
+        b = np.full(7, r + i, np.int32)
+        before = st.seq
+        assert mpicoll.bcast(b, root, comm=comm) is b
+        assert (b == root + i).all() and st.seq == before + 1
+        b = np.full(7, r - i, np.int32)
+        assert mpicoll.ibcast(b, root, comm=comm).wait() is b
+        assert (b == root - i).all()
+    fast = [k.fast for key, k in st.plans._d.items() if key[0] == "bcast"]
+    assert fast and all(f is not None for f in fast)
+    assert st.busy.acquire(False)
+    try:
+        with pytest.raises(RuntimeError, match="another thread"):
+            mpicoll.bcast(b, root, comm=comm)
+    finally:
+        st.busy.release()
+    comm.Barrier()
+    ro = np.zeros(7, np.int32)
+    ro.flags.writeable = False
+    with pytest.raises((ValueError, TypeError)):  # the full path's error for a read-only buffer, every rank
+        mpicoll.bcast(ro, root, comm=comm)
+    comm.Barrier()
