@@ -230,6 +230,13 @@ static PyArrayObject *array_arg(PyObject *obj, int write, int allow_none, const 
     return a;
 }
 
+/* The byte ranges of two contiguous arrays meet. */
+static int overlaps(PyArrayObject *a, PyArrayObject *b) {
+    char *pa = PyArray_DATA(a), *pb = PyArray_DATA(b);
+    Py_ssize_t na = PyArray_NBYTES(a), nb = PyArray_NBYTES(b);
+    return na && nb && pa < pb + nb && pb < pa + na;
+}
+
 static int too_long(Py_ssize_t n) {
     if (n > INT_MAX) {
         PyErr_SetString(PyExc_OverflowError, "mpicoll native: more than INT_MAX elements in one call");
@@ -338,13 +345,26 @@ static int post(Call *self, PyObject *so, PyObject *ro, int form, MPI_Request *r
     }
     case K_SCATTERV: {
         if (root_here) {
+            /* Root's own block goes to rbuf when one apart from sbuf is given
+             * (the library copies it); else it stays in sbuf (in place). */
             if ((s = array_arg(so, 0, 0, "sbuf")) == NULL)
+                return -1;
+            r = array_arg(ro, 1, 1, "rbuf");
+            if (r == NULL && PyErr_Occurred())
                 return -1;
             if (PyArray_NBYTES(s) < self->send_extent)
                 return bounds_error_("sbuf");
             const void *sp = PyArray_DATA(s);
-            MPICALL(MPI_Scatterv, MPI_Iscatterv, MPI_Scatterv_init, sp, self->counts, self->displs, MPI_BYTE,
-                    MPI_IN_PLACE, 0, MPI_BYTE, self->root, comm);
+            if (r != NULL && !overlaps(s, r)) {
+                if (PyArray_NBYTES(r) < self->counts[self->root])
+                    return bounds_error_("rbuf");
+                void *rp = PyArray_DATA(r);
+                MPICALL(MPI_Scatterv, MPI_Iscatterv, MPI_Scatterv_init, sp, self->counts, self->displs, MPI_BYTE, rp,
+                        self->counts[self->root], MPI_BYTE, self->root, comm);
+            } else {
+                MPICALL(MPI_Scatterv, MPI_Iscatterv, MPI_Scatterv_init, sp, self->counts, self->displs, MPI_BYTE,
+                        MPI_IN_PLACE, 0, MPI_BYTE, self->root, comm);
+            }
         } else {
             if ((r = array_arg(ro, 1, 0, "rbuf")) == NULL)
                 return -1;
@@ -359,13 +379,27 @@ static int post(Call *self, PyObject *so, PyObject *ro, int form, MPI_Request *r
     }
     case K_GATHERV: {
         if (root_here) {
+            /* Root's own block comes from sbuf when one apart from rbuf is
+             * given (the library copies it); else it is in rbuf (in place). */
             if ((r = array_arg(ro, 1, 0, "rbuf")) == NULL)
+                return -1;
+            s = array_arg(so, 0, 1, "sbuf");
+            if (s == NULL && PyErr_Occurred())
                 return -1;
             if (PyArray_NBYTES(r) < self->send_extent)
                 return bounds_error_("rbuf");
             void *rp = PyArray_DATA(r);
-            MPICALL(MPI_Gatherv, MPI_Igatherv, MPI_Gatherv_init, MPI_IN_PLACE, 0, MPI_BYTE, rp, self->counts,
-                    self->displs, MPI_BYTE, self->root, comm);
+            if (s != NULL && !overlaps(s, r)) {
+                Py_ssize_t nb = PyArray_NBYTES(s);
+                if (nb != self->counts[self->root])
+                    return bounds_error_("sbuf (root's block)");
+                const void *sp = PyArray_DATA(s);
+                MPICALL(MPI_Gatherv, MPI_Igatherv, MPI_Gatherv_init, sp, (int)nb, MPI_BYTE, rp, self->counts,
+                        self->displs, MPI_BYTE, self->root, comm);
+            } else {
+                MPICALL(MPI_Gatherv, MPI_Igatherv, MPI_Gatherv_init, MPI_IN_PLACE, 0, MPI_BYTE, rp, self->counts,
+                        self->displs, MPI_BYTE, self->root, comm);
+            }
         } else {
             if ((s = array_arg(so, 0, 0, "sbuf")) == NULL)
                 return -1;

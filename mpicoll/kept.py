@@ -569,7 +569,7 @@ class KeptScatter(_KeptRooted):
                 # in place: out must be root's own block of x
                 if out.ctypes.data != x.ctypes.data + a * x.itemsize:
                     return _MISS
-            else:
+            elif self.nat is None:  # (from C the library copies it: _nat_bufs)
                 out.reshape(-1)[...] = x.reshape(-1)[a:b]
         elif x is not None and out.size and _share(x, out):
             return _MISS  # (the full path's rule: it decides)
@@ -581,7 +581,9 @@ class KeptScatter(_KeptRooted):
         return None, [out, MPI.BYTE], self.root
 
     def _nat_bufs(self, x, out):
-        return ((x, None) if self.st.rank == self.root else (None, out))
+        # root: out apart from x receives root's block from the library,
+        # out inside x is in place (native.c tells them apart)
+        return ((x, out) if self.st.rank == self.root else (None, out))
 
     def _blocking(self, x, out):
         self.st.comm.Scatterv(*self._args(x, out))
@@ -608,7 +610,10 @@ class KeptGather(_KeptRooted):
         elif not _out_ok(out, self.shape, x.dtype):
             return _MISS
         a, b = self.own
-        if not _place(x, out, a, b):
+        if self.nat is not None:  # (the library copies root's block: _nat_bufs)
+            if x.size and _share(x, out) and x.ctypes.data != out.ctypes.data + a * out.itemsize:
+                return _MISS  # x overlaps out but is not root's block of it: the full path decides
+        elif not _place(x, out, a, b):
             return _MISS
         return x, out, out
 
@@ -618,7 +623,9 @@ class KeptGather(_KeptRooted):
         return [x, MPI.BYTE], None, self.root
 
     def _nat_bufs(self, x, out):
-        return ((None, out) if out is not None else (x, None))
+        # root: x apart from out is sent by the library, x inside out is in
+        # place (native.c tells them apart); elsewhere out is None
+        return (x, out)
 
     def _blocking(self, x, out):
         self.st.comm.Gatherv(*self._args(x, out))

@@ -421,3 +421,42 @@ def test_kept_bcast_runs_whole_in_c(comm):
     with pytest.raises((ValueError, TypeError)):  # the full path's error for a read-only buffer, every rank
         mpicoll.bcast(ro, root, comm=comm)
     comm.Barrier()
+
+
+def test_rooted_calls_copy_roots_block_through_the_library(comm):
+    """gatherv/scatterv at the root: a block array apart from the whole
+    buffer is sent or received by the library itself; one inside it (or
+    None) is in place; a wrong-sized block is refused before any message."""
+    p, r = comm.size, comm.rank
+    counts, displs = _layout(p, 2)
+    counts[-1] = 3  # root's block is never empty here
+    displs = [int(d) for d in np.cumsum([0] + counts[:-1])]
+    root = p - 1
+    total = sum(counts)
+    want = np.repeat(np.arange(p, dtype=np.uint8) + 1, counts)
+    g = _call(comm, native.GATHERV, root=root, counts=counts, displs=displs)
+    sc = _call(comm, native.SCATTERV, root=root, counts=counts, displs=displs)
+    for inplace in (False, True):
+        mine = np.full(counts[r], r + 1, np.uint8)
+        if r == root:
+            full = np.zeros(total, np.uint8)
+            if inplace:
+                full[displs[r]:] = r + 1
+                _run(g, full[displs[r]:], full)
+            else:
+                _run(g, mine, full)
+            assert (full == want).all(), (inplace, full)
+            back = np.zeros(counts[r], np.uint8)
+            _run(sc, want, full[displs[r]:] if inplace else back)
+            assert inplace or (back == r + 1).all()
+        else:
+            _run(g, mine, None)
+            got = np.zeros(counts[r], np.uint8)
+            _run(sc, None, got)
+            assert (got == r + 1).all()
+    if r == root:
+        with pytest.raises(ValueError, match="root's block"):
+            g.run(np.zeros(counts[r] + 1, np.uint8), np.zeros(total, np.uint8))
+        with pytest.raises(ValueError, match="too small"):
+            sc.run(want, np.zeros(counts[r] - 1, np.uint8))
+    comm.Barrier()
