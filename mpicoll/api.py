@@ -54,13 +54,7 @@ def _kept(comm, key):
         st = _by_handle.get(comm.handle)
     else:
         return None  # the full path raises the usual TypeError
-    if st is None:
-        return None
-    plans = st.plans._d  # (PlanCache.get written out: this runs on every call)
-    k = plans.get(key)
-    if k is not None:
-        plans.move_to_end(key)
-    return k
+    return None if st is None else st.plans.get(key)
 
 
 def _keep(plan, key, mode=0):
@@ -79,7 +73,7 @@ def _door(key, comm, args, build, blocking: bool, mode=0):
     k = _kept(comm, key)
     if k is not None:
         fast = k.fast
-        if fast is not None:  # the kept call whole in C (bcast's: kept._KeptCall.GATED); MISS: Python decides
+        if fast is not None:  # the kept call whole in C (kept._gate: all-reduce's, bcast's); MISS: Python decides
             if blocking:
                 res = fast(*args)
                 if res is not _MISS:
@@ -296,21 +290,8 @@ def iallreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", dtype=None
         # is blocking only)
         mode = 0 if out is None else 1 if out is x else 2
         key = ("iallreduce", x.shape, x.dtype, o, algorithm, mode) + extra
-        k = _kept(comm, key)
-        if k is not None:
-            fast = k.fast
-            if fast is not None:  # the kept start whole in C (KeptAllreduce.fast); MISS: the Python path decides
-                got = fast.start_kept(x, out)
-                if got is not _MISS:
-                    # (the native request holds the arrays until it completes)
-                    return _engine.start_native(got[1], got[0], None, x.nbytes, k.st)
-            req = k.start(x, out)
-            if req is not _MISS:
-                return req
-        plan = _plan.allreduce(x, op, comm=comm, out=out, algorithm=algorithm, dtype=dtype, check=check,
-                               nonblocking=True)
-        _keep(plan, key, mode)
-        return plan.start()
+        return _door(key, comm, (x, out), lambda nb: _plan.allreduce(
+            x, op, comm=comm, out=out, algorithm=algorithm, dtype=dtype, check=check, nonblocking=nb), False, mode)
     return _plan.allreduce(x, op, comm=comm, out=out, algorithm=algorithm, dtype=dtype, compression=compression,
                            reproducible=reproducible, check=check, timeout=timeout, nonblocking=True).start()
 

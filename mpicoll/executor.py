@@ -35,16 +35,24 @@ from ._kernels import ffi as _kffi, lib as _klib
 _TAGS = {"MPICH": "mpich", "Open MPI": "openmpi"}
 
 
-def _load():
+def library_module(prefix: str):
+    """(module, "") of mpicoll.<prefix>_<mpi>, the build of csrc/build_executor.py
+    for mpi4py's MPI library, or (None, why not)."""
     vendor = MPI.get_vendor()[0]
     tag = _TAGS.get(vendor)
     if tag is None:
-        return None, f"no executor for {vendor!r} (MPICH and Open MPI are supported)"
+        return None, f"no {prefix} module for {vendor!r} (MPICH and Open MPI are supported)"
     try:
-        mod = importlib.import_module(f"mpicoll._executor_{tag}")
+        return importlib.import_module(f"mpicoll.{prefix}_{tag}"), ""
     except ImportError as exc:
-        return None, (f"mpicoll._executor_{tag} is not built ({exc}); run "
+        return None, (f"mpicoll.{prefix}_{tag} is not built ({exc}); run "
                       "'python csrc/build_executor.py' with this environment's Python (make install does)")
+
+
+def _load():
+    mod, why = library_module("_executor")
+    if mod is None:
+        return None, why
     mod.lib.mpicoll_x_set_kernels(mod.ffi.cast("void *", int(_kffi.cast("uintptr_t", _klib.mpicoll_reduce))),
                                   mod.ffi.cast("void *", int(_kffi.cast("uintptr_t", _klib.mpicoll_reduce_many))))
     return mod, ""

@@ -77,6 +77,16 @@ def _place(x, out, a: int, b: int) -> bool:
     return True
 
 
+def _gate(kept, nat, allowed: bool) -> None:
+    """Once a call ran through ``nat``, gate it (csrc/native.c ``gate``) so
+    that the front door runs the whole kept call in C from then on
+    (``kept.fast``), where ``allowed`` (its checks are C's: bcast's, and an
+    all-reduce's but for avg's division)."""
+    if allowed and kept.fast is None and _env._DATA is not None:
+        nat.gate(kept.st, kept, _env._DATA, engine, _MISS)
+        kept.fast = nat
+
+
 class _KeptCall(_Kept):
     """``nat``: the call made from C (native.py), None where mpi4py makes it
     (not built, turned off, nothing to exchange); ``_nat_bufs(x, out)``
@@ -94,9 +104,7 @@ class _KeptCall(_Kept):
         self.call, self.mode, self.nat, self.fast = call, 0, None, None
 
     def _gate(self, nat):
-        if self.GATED and self.fast is None and _env._DATA is not None:
-            nat.gate(self.st, self, _env._DATA, engine, _MISS)
-            self.fast = nat
+        _gate(self, nat, self.GATED)
 
     def _native(self, kind, **how):
         if self.call:
@@ -297,9 +305,7 @@ class KeptAllreduce(_Kept):
                     rc = nat.run(None if mode == 1 else x, out)
                     if rc:
                         _native.check(rc)
-                    if self.fast is None and not self.avg and _env._DATA is not None:
-                        nat.gate(st, self, _env._DATA, engine, _MISS)
-                        self.fast = nat
+                    _gate(self, nat, not self.avg)
             if self.avg:
                 self.red.finish(out.reshape(-1), st.size)
         finally:
@@ -344,9 +350,7 @@ class KeptAllreduce(_Kept):
                 req = st.comm.Iallreduce(_IN_PLACE if out is x else [x, dt], [out, dt], self.op)
             else:
                 req = nat.start(None if out is x else x, out)
-                if self.fast is None and not self.avg and _env._DATA is not None:
-                    nat.gate(st, self, _env._DATA, engine, _MISS)  # (the next starts: api.iallreduce)
-                    self.fast = nat
+                _gate(self, nat, not self.avg)  # (the next starts: api._door)
         finally:
             busy.release()
         if self.avg:

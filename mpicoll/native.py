@@ -22,25 +22,13 @@ results.
 """
 from __future__ import annotations
 
-import importlib
 import os
 
 from mpi4py import MPI
 
-_TAGS = {"MPICH": "mpich", "Open MPI": "openmpi"}
+from .executor import library_module
 
-
-def _load():
-    tag = _TAGS.get(MPI.get_vendor()[0])
-    if tag is None:
-        return None
-    try:
-        return importlib.import_module(f"mpicoll._native_{tag}")
-    except ImportError:
-        return None
-
-
-_mod = _load()
+_mod, _why = library_module("_native")
 _enabled = os.environ.get("MPICOLL_NATIVE", "1").strip().lower() not in ("0", "false", "no", "off")
 
 # The kinds of call (csrc/native.c's enum; None where the module is absent).
@@ -52,6 +40,11 @@ ALLREDUCE, BCAST, REDUCE, ALLGATHERV, SCATTERV, GATHERV, ALLTOALL, REDUCE_SCATTE
 
 def available() -> bool:
     return _mod is not None
+
+
+def why_not() -> str:
+    """Why the native calls are not available ("" when they are)."""
+    return _why
 
 
 def enabled() -> bool:
