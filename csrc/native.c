@@ -209,8 +209,10 @@ static int Call_new_init(Call *self, PyObject *args, PyObject *kw) {
 }
 
 /* obj as a numpy array MPI may read (write: also writable), or NULL with
- * the error set; None gives NULL with no error when allowed. */
-static PyArrayObject *array_arg(PyObject *obj, int write, int allow_none, const char *what) {
+ * the error set; None gives NULL with no error when allowed. Aligned where
+ * the call has a typed datatype (its elements are reduced); the byte-wise
+ * calls only copy bytes, which any address serves. */
+static PyArrayObject *array_arg(Call *self, PyObject *obj, int write, int allow_none, const char *what) {
     if (obj == Py_None) {
         if (!allow_none)
             PyErr_Format(PyExc_TypeError, "mpicoll native: %s is required", what);
@@ -221,10 +223,11 @@ static PyArrayObject *array_arg(PyObject *obj, int write, int allow_none, const 
         return NULL;
     }
     PyArrayObject *a = (PyArrayObject *)obj;
-    int need = NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | (write ? NPY_ARRAY_WRITEABLE : 0);
+    int aligned = self->dt != MPI_BYTE;
+    int need = NPY_ARRAY_C_CONTIGUOUS | (aligned ? NPY_ARRAY_ALIGNED : 0) | (write ? NPY_ARRAY_WRITEABLE : 0);
     if ((PyArray_FLAGS(a) & need) != need) {
-        PyErr_Format(PyExc_ValueError, "mpicoll native: %s must be a C-contiguous, aligned%s array", what,
-                     write ? ", writable" : "");
+        PyErr_Format(PyExc_ValueError, "mpicoll native: %s must be a C-contiguous%s%s array", what,
+                     aligned ? ", aligned" : "", write ? ", writable" : "");
         return NULL;
     }
     return a;
@@ -282,9 +285,9 @@ static int post(Call *self, PyObject *so, PyObject *ro, int form, MPI_Request *r
     MPI_Comm comm = self->comm;
     switch (self->kind) {
     case K_ALLREDUCE: {
-        if ((r = array_arg(ro, 1, 0, "rbuf")) == NULL)
+        if ((r = array_arg(self, ro, 1, 0, "rbuf")) == NULL)
             return -1;
-        s = array_arg(so, 0, 1, "sbuf");
+        s = array_arg(self, so, 0, 1, "sbuf");
         if (s == NULL && PyErr_Occurred())
             return -1;
         Py_ssize_t nb = PyArray_NBYTES(r), count = nb / self->dtsize;
@@ -301,7 +304,7 @@ static int post(Call *self, PyObject *so, PyObject *ro, int form, MPI_Request *r
     case K_BCAST: {
         /* Every rank's buffer is written on non-roots and read on the root:
          * writable everywhere (the kept plan's contract, bcast is in place). */
-        if ((r = array_arg(ro, 1, 0, "buf")) == NULL)
+        if ((r = array_arg(self, ro, 1, 0, "buf")) == NULL)
             return -1;
         Py_ssize_t nb = PyArray_NBYTES(r);
         if (too_long(nb))
@@ -311,11 +314,11 @@ static int post(Call *self, PyObject *so, PyObject *ro, int form, MPI_Request *r
         break;
     }
     case K_REDUCE: {
-        s = array_arg(so, 0, 1, "sbuf");
+        s = array_arg(self, so, 0, 1, "sbuf");
         if (s == NULL && PyErr_Occurred())
             return -1;
         if (root_here) {
-            if ((r = array_arg(ro, 1, 0, "rbuf")) == NULL)
+            if ((r = array_arg(self, ro, 1, 0, "rbuf")) == NULL)
                 return -1;
         } else if (s == NULL) {
             PyErr_SetString(PyExc_TypeError, "mpicoll native: a non-root rank's reduce needs sbuf");
@@ -334,7 +337,7 @@ static int post(Call *self, PyObject *so, PyObject *ro, int form, MPI_Request *r
         break;
     }
     case K_ALLGATHERV: {
-        if ((r = array_arg(ro, 1, 0, "rbuf")) == NULL)
+        if ((r = array_arg(self, ro, 1, 0, "rbuf")) == NULL)
             return -1;
         if (PyArray_NBYTES(r) < self->send_extent)
             return bounds_error_("rbuf");
@@ -347,9 +350,9 @@ static int post(Call *self, PyObject *so, PyObject *ro, int form, MPI_Request *r
         if (root_here) {
             /* Root's own block goes to rbuf when one apart from sbuf is given
              * (the library copies it); else it stays in sbuf (in place). */
-            if ((s = array_arg(so, 0, 0, "sbuf")) == NULL)
+            if ((s = array_arg(self, so, 0, 0, "sbuf")) == NULL)
                 return -1;
-            r = array_arg(ro, 1, 1, "rbuf");
+            r = array_arg(self, ro, 1, 1, "rbuf");
             if (r == NULL && PyErr_Occurred())
                 return -1;
             if (PyArray_NBYTES(s) < self->send_extent)
@@ -366,7 +369,7 @@ static int post(Call *self, PyObject *so, PyObject *ro, int form, MPI_Request *r
                         MPI_IN_PLACE, 0, MPI_BYTE, self->root, comm);
             }
         } else {
-            if ((r = array_arg(ro, 1, 0, "rbuf")) == NULL)
+            if ((r = array_arg(self, ro, 1, 0, "rbuf")) == NULL)
                 return -1;
             Py_ssize_t nb = PyArray_NBYTES(r);
             if (too_long(nb))
@@ -381,9 +384,9 @@ static int post(Call *self, PyObject *so, PyObject *ro, int form, MPI_Request *r
         if (root_here) {
             /* Root's own block comes from sbuf when one apart from rbuf is
              * given (the library copies it); else it is in rbuf (in place). */
-            if ((r = array_arg(ro, 1, 0, "rbuf")) == NULL)
+            if ((r = array_arg(self, ro, 1, 0, "rbuf")) == NULL)
                 return -1;
-            s = array_arg(so, 0, 1, "sbuf");
+            s = array_arg(self, so, 0, 1, "sbuf");
             if (s == NULL && PyErr_Occurred())
                 return -1;
             if (PyArray_NBYTES(r) < self->send_extent)
@@ -401,7 +404,7 @@ static int post(Call *self, PyObject *so, PyObject *ro, int form, MPI_Request *r
                         self->displs, MPI_BYTE, self->root, comm);
             }
         } else {
-            if ((s = array_arg(so, 0, 0, "sbuf")) == NULL)
+            if ((s = array_arg(self, so, 0, 0, "sbuf")) == NULL)
                 return -1;
             Py_ssize_t nb = PyArray_NBYTES(s);
             if (too_long(nb))
@@ -413,7 +416,7 @@ static int post(Call *self, PyObject *so, PyObject *ro, int form, MPI_Request *r
         break;
     }
     case K_ALLTOALL: {
-        if ((s = array_arg(so, 0, 0, "sbuf")) == NULL || (r = array_arg(ro, 1, 0, "rbuf")) == NULL)
+        if ((s = array_arg(self, so, 0, 0, "sbuf")) == NULL || (r = array_arg(self, ro, 1, 0, "rbuf")) == NULL)
             return -1;
         Py_ssize_t need = (Py_ssize_t)self->block * self->size;
         if (PyArray_NBYTES(s) < need || PyArray_NBYTES(r) < need)
@@ -425,7 +428,7 @@ static int post(Call *self, PyObject *so, PyObject *ro, int form, MPI_Request *r
         break;
     }
     case K_REDUCE_SCATTER: {
-        if ((s = array_arg(so, 0, 0, "sbuf")) == NULL || (r = array_arg(ro, 1, 0, "rbuf")) == NULL)
+        if ((s = array_arg(self, so, 0, 0, "sbuf")) == NULL || (r = array_arg(self, ro, 1, 0, "rbuf")) == NULL)
             return -1;
         Py_ssize_t total = 0;
         for (int i = 0; i < self->size; i++)
@@ -440,7 +443,7 @@ static int post(Call *self, PyObject *so, PyObject *ro, int form, MPI_Request *r
         break;
     }
     case K_ALLTOALLV: {
-        if ((s = array_arg(so, 0, 0, "sbuf")) == NULL || (r = array_arg(ro, 1, 0, "rbuf")) == NULL)
+        if ((s = array_arg(self, so, 0, 0, "sbuf")) == NULL || (r = array_arg(self, ro, 1, 0, "rbuf")) == NULL)
             return -1;
         if (PyArray_NBYTES(s) < self->send_extent || PyArray_NBYTES(r) < self->recv_extent)
             return bounds_error_("sbuf or rbuf");
@@ -776,7 +779,7 @@ static PyObject *kept_run(Call *self, PyObject *xo, PyObject *oo, int form) {
     if (!PyArray_CheckExact(xo))
         goto miss;
     PyArrayObject *x = (PyArrayObject *)xo, *out;
-    int need = NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED;
+    int need = NPY_ARRAY_C_CONTIGUOUS | (self->kind == K_BCAST ? 0 : NPY_ARRAY_ALIGNED);
     if ((PyArray_FLAGS(x) & need) != need)
         goto miss;
     int ok = usual(self);

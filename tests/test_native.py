@@ -460,3 +460,24 @@ def test_rooted_calls_copy_roots_block_through_the_library(comm):
         with pytest.raises(ValueError, match="too small"):
             sc.run(want, np.zeros(counts[r] - 1, np.uint8))
     comm.Barrier()
+
+
+def test_a_misaligned_buffer_repeated_on_every_door(comm):
+    """A buffer at an odd address (numpy's ``aligned`` False), again and
+    again: the byte-wise calls (bcast) take it from C as it is, the reducing
+    ones leave it to the Python path; every rank gets the right answer.
+    (Found by a hostile try: the kept bcast raised from C on its second call.)"""
+    p, r = comm.size, comm.rank
+    raw = bytearray(8 * 9 + 1)
+    for _ in range(4):
+        m = np.frombuffer(raw, dtype=np.float64, offset=1, count=9)
+        assert not m.flags.aligned
+        m[:] = r
+        assert mpicoll.bcast(m, p - 1, comm=comm) is m and (m == p - 1).all()
+        m[:] = r
+        assert mpicoll.ibcast(m, p - 1, comm=comm).wait() is m and (m == p - 1).all()
+        m[:] = np.arange(9) + r
+        assert np.array_equal(mpicoll.allreduce(m, comm=comm), np.arange(9) * p + sum(range(p)))
+        assert np.array_equal(mpicoll.iallreduce(m, comm=comm).wait(), np.arange(9) * p + sum(range(p)))
+        mpicoll.allreduce(m, comm=comm, out=m)
+        assert np.array_equal(m, np.arange(9) * p + sum(range(p)))

@@ -1,0 +1,128 @@
+"""Off the main road, through the doors the native calls serve, each call
+repeated four times so that it reaches the kept plan and its C path: the
+same strided view, NaN in min/max/sum, a misaligned buffer, mpi4py's odd
+buffer specs through mpicoll.Comm. Every rank must get the right answer (or
+the same clear error) with identical bits. The first call on a fresh
+communicator with a rank missing is tests/test_timeout.py's."""
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpicoll
+
+pytestmark = pytest.mark.mpi
+
+
+def _same_everywhere(comm, a, what):
+    b = np.ascontiguousarray(a).tobytes()
+    everyone = comm.allgather(b)
+    assert all(x == everyone[0] for x in everyone), f"{what}: ranks differ"
+
+
+def test_the_same_strided_view_again_and_again():
+    comm = MPI.COMM_WORLD
+    p, r = comm.size, comm.rank
+    mc = mpicoll.Comm(comm)
+    base = np.arange(20, dtype=np.float64) + r
+    v = base[::2]
+    for i in range(4):
+        got = mpicoll.allreduce(v)
+        assert np.array_equal(got, (np.arange(20)[::2]) * p + sum(range(p)))
+        got2 = mpicoll.iallreduce(v).wait()
+        assert np.array_equal(got, got2)
+        errs = []
+        for c in (mc, comm):  # a strided view: mpi4py refuses it, and so must the drop-in, alike
+            try:
+                c.Allreduce(v, np.empty(10))
+                errs.append(None)
+            except Exception as exc:
+                errs.append(type(exc).__name__)
+        assert errs[0] == errs[1] and errs[0] is not None, errs
+        bv = (np.arange(20, dtype=np.int32) * (r + 1))[::2]
+        for f in (lambda: mpicoll.bcast(bv, 0), lambda: mpicoll.ibcast(bv, 0).wait()):
+            try:
+                f()
+                err = None
+            except ValueError as exc:  # documented: bcast writes in place, x must be C-contiguous
+                err = str(exc)
+            assert err and comm.allgather(err) == [err] * p, err
+        g = mpicoll.gather(v, 0)
+        if r == 0:
+            assert np.array_equal(g[p - 1], np.arange(20)[::2] + p - 1)
+        sc = mpicoll.scatter(np.tile(np.arange(10.0), (p, 1))[:, ::1] if r == 0 else None, 0, out=np.empty(10))
+        assert np.array_equal(sc, np.arange(10.0))
+        _same_everywhere(comm, got, "strided allreduce")
+
+
+def test_nan_in_min_max_sum_same_bits_everywhere():
+    comm = MPI.COMM_WORLD
+    p, r = comm.size, comm.rank
+    mc = mpicoll.Comm(comm)
+    for op in ("min", "max", "sum"):
+        for i in range(4):
+            x = np.arange(6, dtype=np.float32) + r
+            x[(r + 1) % 6] = np.nan
+            y = mpicoll.allreduce(x, op=op)
+            _same_everywhere(comm, y, f"NaN {op}")
+            assert np.isnan(y[[(k + 1) % 6 for k in range(p)]]).all(), (op, y)
+            z = mpicoll.iallreduce(x, op=op).wait()
+            _same_everywhere(comm, z, f"NaN i{op}")
+            assert np.array_equal(np.isnan(y), np.isnan(z))
+            o = np.empty_like(x)
+            mc.Allreduce(x, o, op={"min": MPI.MIN, "max": MPI.MAX, "sum": MPI.SUM}[op])
+            _same_everywhere(comm, o, f"NaN Comm {op}")
+            assert np.array_equal(np.isnan(o), np.isnan(y))
+
+
+def test_a_misaligned_buffer_again_and_again():
+    comm = MPI.COMM_WORLD
+    p, r = comm.size, comm.rank
+    mc = mpicoll.Comm(comm)
+    raw = bytearray(8 * 9 + 1)
+    m = np.frombuffer(raw, dtype=np.float64, offset=1, count=9)
+    assert not m.flags.aligned
+    for i in range(4):
+        m[:] = np.arange(9) + r
+        got = mpicoll.allreduce(m)
+        assert np.array_equal(got, np.arange(9) * p + sum(range(p)))
+        m[:] = np.arange(9) + r
+        mpicoll.allreduce(m, out=m)
+        assert np.array_equal(m, np.arange(9) * p + sum(range(p)))
+        mb = np.frombuffer(raw, dtype=np.float64, offset=1, count=9)
+        mb[:] = r
+        mpicoll.bcast(mb, p - 1)
+        assert (mb == p - 1).all()
+        m[:] = r
+        assert (mpicoll.iallreduce(m).wait() == sum(range(p))).all()
+
+
+def test_mpi4py_buffer_specs_through_the_drop_in_again_and_again():
+    comm = MPI.COMM_WORLD
+    p, r = comm.size, comm.rank
+    mc = mpicoll.Comm(comm)
+    for i in range(4):
+        x = np.arange(8, dtype=np.float64) + r
+        y = np.zeros(8)
+        mc.Allreduce([x, MPI.DOUBLE], [y, MPI.DOUBLE], MPI.SUM)
+        ref = np.zeros(8)
+        comm.Allreduce(x, ref)
+        assert np.array_equal(y, ref)
+        y[:] = 0
+        mc.Allreduce([x, 4, MPI.DOUBLE], [y, 4, MPI.DOUBLE], MPI.MAX)
+        assert np.array_equal(y[:4], np.arange(4) + p - 1) and (y[4:] == 0).all()
+        z = x.copy()
+        mc.Allreduce(MPI.IN_PLACE, z, MPI.SUM)
+        assert np.array_equal(z, ref)
+        ba = bytearray(np.full(4, r, np.int32).tobytes())
+        mc.Bcast(ba, 0)
+        assert np.frombuffer(ba, np.int32).tolist() == [0] * 4
+        buf = np.full(6, r, np.int32)
+        mc.Bcast([buf, 3, MPI.INT], root=p - 1)
+        assert (buf[:3] == p - 1).all() and (buf[3:] == r).all()
+        g = np.zeros(2 * p, np.int64) if r == 0 else None
+        mc.Gather([np.full(2, r, np.int64), MPI.INT64_T], [g, MPI.INT64_T] if r == 0 else None, 0)
+        if r == 0:
+            assert g.tolist() == [k for k in range(p) for _ in range(2)]
+        q = np.zeros(8)
+        mc.Iallreduce([x, MPI.DOUBLE], [q, MPI.DOUBLE]).Wait()
+        assert np.array_equal(q, ref)
