@@ -115,8 +115,8 @@ def build_native(tag: str, tmp: str) -> str:
 
     incs, libs = mpi_flags()
     ext = Extension(
-        f"_native_{tag}", [os.path.join(HERE, "native.c")],
-        include_dirs=[numpy.get_include()] + incs, library_dirs=libs, runtime_library_dirs=libs,
+        f"_native_{tag}", [os.path.join(HERE, "native.c")], depends=[os.path.join(HERE, "executor.h")],
+        include_dirs=[HERE, numpy.get_include()] + incs, library_dirs=libs, runtime_library_dirs=libs,
         libraries=["mpi"],
         extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-missing-field-initializers"]
         + shlex.split(os.environ.get("MPICOLL_CFLAGS", "")),

@@ -26,6 +26,12 @@
  * is not a C-contiguous, aligned numpy array (writable where written) is a
  * TypeError/ValueError, never undefined behaviour.
  *
+ * A kept all-reduce of a compiled schedule (ring, recursive doubling, ...:
+ * mpicoll/program.py, csrc/executor.c) is gated the same way: a Call of
+ * kind PROGRAM does the kept call's checks, the one-thread gate and the call
+ * number here and then runs the program through the executor's
+ * mpicoll_x_run, whose address and kit it is given (``program()``).
+ *
  * Handles arrive as Fortran integers (mpi4py's py2f()) and are converted
  * with the standard MPI_*_f2c functions, so one source serves MPICH (int
  * handles) and Open MPI (pointers).
@@ -35,6 +41,8 @@
 #define NPY_NO_DEPRECATED_API NPY_1_20_API_VERSION
 #include <numpy/arrayobject.h>
 #include <mpi.h>
+
+#include "executor.h"
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,8 +58,14 @@ enum kind {
     K_ALLTOALL = 6,       /* s, r: block bytes to and from each rank */
     K_REDUCE_SCATTER = 7, /* s, r: counts in datatype elements */
     K_ALLTOALLV = 8,      /* s, r: send and receive counts/displs in bytes */
-    K_COUNT = 9
+    K_PROGRAM = 9,        /* a compiled schedule's blocking run (program(), gated): no MPI call of its own */
+    K_COUNT = 10
 };
+
+/* csrc/executor.c's mpicoll_x_run: K_PROGRAM calls it by its address (the
+ * executor is the cffi module beside this one, with the kernels set in it). */
+typedef int (*xrun_fn)(struct mpicoll_xstate *, const int64_t *, int64_t, const int64_t *, char *, char *, char **,
+                       int, int, intptr_t, int, int, int64_t *);
 
 typedef struct {
     PyObject_HEAD
@@ -67,6 +81,19 @@ typedef struct {
      * the communicator's state and the facts kept.py checks on every call. */
     PyObject *st, *busy, *numbers, *env_data, *env_keys, *env_vals, *engine, *miss;
     int mode; /* kept.py's: 0 no out, 1 out is x, 2 another out */
+    /* K_PROGRAM (program()): one executor.Executable's program and the kit
+     * of its blocking runs - what Executable.run passes to mpicoll_x_run -
+     * and the two objects that own what the pointers point into. */
+    xrun_fn xrun;
+    struct mpicoll_xstate *xstate;
+    const int64_t *steps, *lists;
+    int64_t nsteps, *info;
+    char **scratch;
+    int xop, xdtype;
+    intptr_t xhandle;
+    Py_ssize_t nbytes;  /* the size of the buffers the program was recorded for */
+    long long tag_span; /* CommState.tag_span: a call's tag is 1 + seq % tag_span */
+    PyObject *exe, *kit;
 } Call;
 
 static int int_array(PyObject *seq, int n, int **out, const char *what) {
@@ -128,6 +155,8 @@ static int Call_traverse(Call *self, visitproc visit, void *arg) {
     Py_VISIT(self->env_vals);
     Py_VISIT(self->engine);
     Py_VISIT(self->miss);
+    Py_VISIT(self->exe);
+    Py_VISIT(self->kit);
     return 0;
 }
 
@@ -143,9 +172,23 @@ static int Call_clear(Call *self) {
     return 0;
 }
 
+/* Call_clear keeps the program (gate() calls it); the collector and the
+ * object's end drop both. */
+static void program_clear(Call *self) {
+    self->xrun = NULL;
+    Py_CLEAR(self->exe);
+    Py_CLEAR(self->kit);
+}
+
+static int Call_clear_all(Call *self) {
+    Call_clear(self);
+    program_clear(self);
+    return 0;
+}
+
 static void Call_dealloc(Call *self) {
     PyObject_GC_UnTrack(self);
-    Call_clear(self);
+    Call_clear_all(self);
     PyMem_Free(self->counts);
     PyMem_Free(self->displs);
     PyMem_Free(self->rcounts);
@@ -453,6 +496,9 @@ static int post(Call *self, PyObject *so, PyObject *ro, int form, MPI_Request *r
                 self->rcounts, self->rdispls, MPI_BYTE, comm);
         break;
     }
+    case K_PROGRAM:
+        PyErr_SetString(PyExc_TypeError, "mpicoll native: a program's Call runs only gated (program(), gate())");
+        return -1;
     default:
         PyErr_SetString(PyExc_RuntimeError, "mpicoll native: a Call that was never initialised");
         return -1;
@@ -697,24 +743,82 @@ static PyObject *Call_fits(Call *self, PyObject *const *args, Py_ssize_t nargs) 
  * running): the Python path then decides, and raises where it must. */
 static PyObject *one; /* the int 1 */
 static PyObject *s_freed, *s_seq, *s_acquire, *s_release, *s_running, *s_busy, *s_numbers, *s_env, *s_env_keys,
-    *s_mode;
+    *s_mode, *s_tag_span;
+
+/* program(xrun, state, steps, nsteps, lists, scratch, info, op, dtype, comm,
+ * nbytes, exe, kit): make a K_PROGRAM Call run one executor.Executable's
+ * program on its blocking kit (addresses as integers, from cffi; exe and
+ * kit own what they point into and are held here). Called again with a new
+ * kit after a failed run abandoned the old one (Executable.gated_failed). */
+static PyObject *Call_program(Call *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 13) {
+        PyErr_SetString(PyExc_TypeError, "mpicoll native: program(xrun, state, steps, nsteps, lists, scratch, info, "
+                                         "op, dtype, comm, nbytes, exe, kit)");
+        return NULL;
+    }
+    if (self->kind != K_PROGRAM) {
+        PyErr_SetString(PyExc_ValueError, "mpicoll native: program() of a Call that is not a program's");
+        return NULL;
+    }
+    void *ptr[5];
+    static const int at[5] = {0, 1, 2, 4, 6}; /* xrun, state, steps, lists, info: never NULL */
+    for (int i = 0; i < 5; i++) {
+        ptr[i] = PyLong_AsVoidPtr(args[at[i]]);
+        if (ptr[i] == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "mpicoll native: program() got a null pointer");
+            return NULL;
+        }
+    }
+    void *scratch = args[5] == Py_None ? NULL : PyLong_AsVoidPtr(args[5]);
+    long long nsteps = PyLong_AsLongLong(args[3]), handle = PyLong_AsLongLong(args[9]);
+    long op = PyLong_AsLong(args[7]), dtype = PyLong_AsLong(args[8]);
+    Py_ssize_t nbytes = PyLong_AsSsize_t(args[10]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (nsteps < 0 || nbytes < 0) {
+        PyErr_SetString(PyExc_ValueError, "mpicoll native: program() got a negative size");
+        return NULL;
+    }
+    program_clear(self);
+    self->xrun = (xrun_fn)ptr[0];
+    self->xstate = ptr[1];
+    self->steps = ptr[2];
+    self->lists = ptr[3];
+    self->info = ptr[4];
+    self->scratch = scratch;
+    self->nsteps = nsteps;
+    self->xop = (int)op;
+    self->xdtype = (int)dtype;
+    self->xhandle = (intptr_t)handle;
+    self->nbytes = nbytes;
+    Py_INCREF(args[11]);
+    self->exe = args[11];
+    Py_INCREF(args[12]);
+    self->kit = args[12];
+    Py_RETURN_NONE;
+}
 
 static PyObject *Call_gate(Call *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 5) {
         PyErr_SetString(PyExc_TypeError, "mpicoll native: gate(st, kept, env_data, engine, miss)");
         return NULL;
     }
-    if (self->kind != K_ALLREDUCE && self->kind != K_BCAST) {
-        PyErr_SetString(PyExc_ValueError, "mpicoll native: only an all-reduce's or a bcast's Call takes a gate");
+    if (self->kind != K_ALLREDUCE && self->kind != K_BCAST && !(self->kind == K_PROGRAM && self->xrun != NULL)) {
+        PyErr_SetString(PyExc_ValueError,
+                        "mpicoll native: only an all-reduce's, a bcast's or a program's Call (program() first) "
+                        "takes a gate");
         return NULL;
     }
     PyObject *st = args[0], *kept = args[1];
     PyObject *busy = PyObject_GetAttr(st, s_busy), *numbers = PyObject_GetAttr(st, s_numbers);
     PyObject *vals = PyObject_GetAttr(kept, s_env), *keys = PyObject_GetAttr(kept, s_env_keys);
-    PyObject *mode = PyObject_GetAttr(kept, s_mode);
+    PyObject *mode = PyObject_GetAttr(kept, s_mode), *span = PyObject_GetAttr(st, s_tag_span);
     long m = mode == NULL ? -1 : PyLong_AsLong(mode);
+    long long ts = span == NULL ? -1 : PyLong_AsLongLong(span);
     Py_XDECREF(mode);
-    if (busy == NULL || numbers == NULL || vals == NULL || keys == NULL || m == -1 || !PyDict_Check(args[2])
+    Py_XDECREF(span);
+    if (busy == NULL || ts <= 0 || numbers == NULL || vals == NULL || keys == NULL || m == -1 || !PyDict_Check(args[2])
         || !PyTuple_Check(vals) || !PyTuple_Check(keys) || PyTuple_GET_SIZE(vals) != PyTuple_GET_SIZE(keys)) {
         Py_XDECREF(busy);
         Py_XDECREF(numbers);
@@ -726,6 +830,7 @@ static PyObject *Call_gate(Call *self, PyObject *const *args, Py_ssize_t nargs) 
     }
     Call_clear(self);
     self->mode = (int)m;
+    self->tag_span = ts;
     Py_INCREF(st);
     self->st = st;
     self->busy = busy;
@@ -782,6 +887,11 @@ static PyObject *kept_run(Call *self, PyObject *xo, PyObject *oo, int form) {
     int need = NPY_ARRAY_C_CONTIGUOUS | (self->kind == K_BCAST ? 0 : NPY_ARRAY_ALIGNED);
     if ((PyArray_FLAGS(x) & need) != need)
         goto miss;
+    /* A program runs blocking only, on buffers of the size it was recorded
+     * for (the kept signature's; checked again here: its steps' offsets
+     * assume it); its I-form stays with kept.py (a ProgramRequest). */
+    if (self->kind == K_PROGRAM && (form != F_BLOCKING || PyArray_NBYTES(x) != self->nbytes))
+        goto miss;
     int ok = usual(self);
     if (ok < 0)
         return NULL;
@@ -831,12 +941,11 @@ static PyObject *kept_run(Call *self, PyObject *xo, PyObject *oo, int form) {
     Py_DECREF(got);
     /* The call's number (CommState.next_seq): next() of its itertools.count. */
     PyObject *seq = PyIter_Next(self->numbers), *next = NULL;
-    int rc = MPI_SUCCESS, failed = seq == NULL;
+    int rc = MPI_SUCCESS, xrc = MPICOLL_X_DONE, tag = 0, failed = seq == NULL;
     if (!failed) {
         next = PyNumber_Add(seq, one);
         failed = next == NULL || PyObject_SetAttr(self->st, s_seq, next) < 0;
     }
-    Py_XDECREF(seq);
     Py_XDECREF(next);
     Req *q = NULL;
     if (!failed && form == F_START) {
@@ -849,7 +958,21 @@ static PyObject *kept_run(Call *self, PyObject *xo, PyObject *oo, int form) {
             q->s = q->r = NULL;
         }
     }
-    if (!failed) {
+    if (!failed && self->kind == K_PROGRAM) {
+        /* Executable.run: the call's tag (CommState.next_seq), then the
+         * whole program in one executor call, the GIL released. */
+        long long sv = PyLong_AsLongLong(seq);
+        if (sv == -1 && PyErr_Occurred())
+            failed = 1;
+        else {
+            tag = (int)(1 + sv % self->tag_span);
+            char *bp = PyArray_DATA(out), *sp = self->mode == 1 ? NULL : PyArray_DATA(x);
+            Py_BEGIN_ALLOW_THREADS
+            xrc = self->xrun(self->xstate, self->steps, self->nsteps, self->lists, bp, sp, self->scratch, self->xop,
+                             self->xdtype, self->xhandle, tag, 1, self->info);
+            Py_END_ALLOW_THREADS
+        }
+    } else if (!failed) {
         int rcp;
         PyObject *send = self->kind == K_BCAST || self->mode == 1 ? Py_None : xo;
         if (post(self, send, (PyObject *)out, form, q == NULL ? NULL : &q->req, &rcp) < 0)
@@ -864,11 +987,24 @@ static PyObject *kept_run(Call *self, PyObject *xo, PyObject *oo, int form) {
         Py_XDECREF(exc_type);
         Py_XDECREF(exc_value);
         Py_XDECREF(exc_tb);
+        Py_XDECREF(seq);
         Py_DECREF(out);
         return NULL;
     }
     Py_DECREF(rel);
     PyErr_Restore(exc_type, exc_value, exc_tb);
+    if (!failed && xrc != MPICOLL_X_DONE) {
+        /* The executor's error: Executable.gated_failed keeps what the
+         * library may still write into, gives the gate a new kit and raises
+         * the error it describes. */
+        PyObject *r = PyObject_CallMethod(self->exe, "gated_failed", "OOiiO", (PyObject *)out,
+                                          self->mode == 1 ? Py_None : xo, xrc, tag, seq);
+        Py_XDECREF(r);
+        if (r != NULL)
+            PyErr_SetString(PyExc_RuntimeError, "mpicoll native: the executor failed and nothing raised");
+        failed = 1;
+    }
+    Py_XDECREF(seq);
     if (failed || rc != MPI_SUCCESS) {
         Py_XDECREF(q);
         Py_DECREF(out);
@@ -912,6 +1048,9 @@ static PyObject *Call_start_kept(Call *self, PyObject *const *args, Py_ssize_t n
 static PyMethodDef Call_methods[] = {
     {"start_kept", (PyCFunction)(void (*)(void))Call_start_kept, METH_FASTCALL,
      "start_kept(x, out) -> (result, Req) or miss: a gated all-reduce's I-call, whole."},
+    {"program", (PyCFunction)(void (*)(void))Call_program, METH_FASTCALL,
+     "program(xrun, state, steps, nsteps, lists, scratch, info, op, dtype, comm, nbytes, exe, kit): a program's "
+     "Call runs this executor program (gate() it, then call it)."},
     {"gate", (PyCFunction)(void (*)(void))Call_gate, METH_FASTCALL,
      "gate(st, kept, env_data, engine, miss): bind a kept all-reduce's state; then call the object with (x, out)."},
     {"start", (PyCFunction)(void (*)(void))Call_start, METH_FASTCALL,
@@ -933,7 +1072,7 @@ static PyTypeObject CallType = {
     .tp_methods = Call_methods,
     .tp_call = (ternaryfunc)Call_kept,
     .tp_traverse = (traverseproc)Call_traverse,
-    .tp_clear = (inquiry)Call_clear,
+    .tp_clear = (inquiry)Call_clear_all,
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Call_new_init,
     .tp_dealloc = (destructor)Call_dealloc,
@@ -950,7 +1089,7 @@ static PyObject *init(const char *name) {
     static const struct { PyObject **s; const char *text; } names[] = {
         {&s_freed, "freed"}, {&s_seq, "seq"}, {&s_acquire, "acquire"}, {&s_release, "release"},
         {&s_running, "_running_callbacks"}, {&s_busy, "busy"}, {&s_numbers, "_numbers"}, {&s_env, "env"},
-        {&s_env_keys, "env_keys"}, {&s_mode, "mode"}};
+        {&s_env_keys, "env_keys"}, {&s_mode, "mode"}, {&s_tag_span, "tag_span"}};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (*names[i].s == NULL && (*names[i].s = PyUnicode_InternFromString(names[i].text)) == NULL)
             return NULL;
@@ -977,7 +1116,7 @@ static PyObject *init(const char *name) {
     static const struct { const char *name; int v; } kinds[] = {
         {"ALLREDUCE", K_ALLREDUCE}, {"BCAST", K_BCAST}, {"REDUCE", K_REDUCE}, {"ALLGATHERV", K_ALLGATHERV},
         {"SCATTERV", K_SCATTERV}, {"GATHERV", K_GATHERV}, {"ALLTOALL", K_ALLTOALL},
-        {"REDUCE_SCATTER", K_REDUCE_SCATTER}, {"ALLTOALLV", K_ALLTOALLV}};
+        {"REDUCE_SCATTER", K_REDUCE_SCATTER}, {"ALLTOALLV", K_ALLTOALLV}, {"PROGRAM", K_PROGRAM}};
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
         if (PyModule_AddIntConstant(m, kinds[i].name, kinds[i].v) < 0) {
             Py_DECREF(m);

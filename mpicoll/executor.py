@@ -61,8 +61,13 @@ def _load():
 _mod, _why = _load()
 if _mod is not None:
     ffi, lib = _mod.ffi, _mod.lib
+    _XRUN = int(ffi.cast("uintptr_t", lib.mpicoll_x_run))  # for csrc/native.c's gated programs (point())
     DONE, PENDING = lib.MPICOLL_X_DONE, lib.MPICOLL_X_PENDING
     EMPI, EMISMATCH, EKERNEL = lib.MPICOLL_X_EMPI, lib.MPICOLL_X_EMISMATCH, lib.MPICOLL_X_EKERNEL
+
+
+def _address(cdata) -> int:
+    return int(ffi.cast("uintptr_t", cdata))
 
 
 # MPICOLL_EXECUTOR=0 keeps every schedule on its generator (read when a kept
@@ -141,7 +146,7 @@ class Executable:
     """A program bound to the executor and to one communicator's state."""
 
     __slots__ = ("prog", "st", "steps", "lists", "nsteps", "op", "dtype", "handle", "keys", "own", "kit",
-                 "collective", "algorithm", "idle")
+                 "collective", "algorithm", "idle", "gated")
 
     def __init__(self, prog, st, red, collective, algorithm):
         self.prog, self.st = prog, st
@@ -159,6 +164,10 @@ class Executable:
         self.own = sum(prog.scratch) <= OWN_SCRATCH_BYTES
         self.kit = self._blocking_kit()
         self.idle = []  # kits of completed nonblocking runs (own scratch only): see take_kit
+        # The native Call that runs this program's blocking calls whole in
+        # C (kept.py's _gate_program; point()), False where there is none,
+        # None until the first blocking run tries.
+        self.gated = None
 
     def _blocking_kit(self):
         return Kit(self.prog, [np.empty(max(n, 64), np.uint8) for n in self.prog.scratch] if self.own else [])
@@ -212,14 +221,38 @@ class Executable:
                                ffi.NULL if src is None else ffi.from_buffer(src), kit.ptrs,
                                self.op, self.dtype, self.handle, tag, 1, kit.info)
         if rc != DONE:
-            # Requests the failed run left in flight stay with their state,
-            # and the state with the abandoned list (the library may still
-            # write into the buffers); the next run gets a fresh kit.
-            kit.bind(buf, src)
-            kit.dead = True
-            engine._abandoned.append(kit)
-            self.kit = self._blocking_kit()
-            raise self.error(rc, kit.info, tag, seq)
+            raise self._abandon(buf, src, rc, tag, seq)
+
+    def _abandon(self, buf, src, rc, tag, seq) -> BaseException:
+        """After a failed blocking run: the error to raise. Requests the run
+        left in flight stay with their state, and the state with the
+        abandoned list (the library may still write into the buffers); the
+        next run gets a fresh kit, and the gated Call is pointed at it."""
+        kit = self.kit
+        kit.bind(buf, src)
+        kit.dead = True
+        engine._abandoned.append(kit)
+        self.kit = self._blocking_kit()
+        if self.gated:
+            self.point(self.gated)
+        return self.error(rc, kit.info, tag, seq)
+
+    def point(self, call) -> None:
+        """Make ``call``, a native Call of kind PROGRAM (csrc/native.c), run
+        this program on the blocking kit: what run() passes to the
+        executor, as addresses; the Call holds self and the kit, which own
+        what they point into. Only for programs that own their scratch (a
+        pool's scratch is looked up per call)."""
+        kit = self.kit
+        call.program(_XRUN, _address(kit.state), _address(self.steps), self.nsteps, _address(self.lists),
+                     None if kit.ptrs == ffi.NULL else _address(kit.ptrs), _address(kit.info), self.op, self.dtype,
+                     self.handle, self.prog.nbytes, self, kit)
+        self.gated = call
+
+    def gated_failed(self, buf, src, rc, tag, seq):
+        """The gated Call's run on (buf, src) ended with executor status
+        ``rc``: raise what run() would have (csrc/native.c calls this)."""
+        raise self._abandon(buf, src, rc, tag, seq)
 
     def error(self, rc, info, tag, seq):
         """The exception for executor status ``rc`` with ``info``."""

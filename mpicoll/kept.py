@@ -87,6 +87,22 @@ def _gate(kept, nat, allowed: bool) -> None:
         kept.fast = nat
 
 
+def _gate_program(kept, exe) -> None:
+    """Once a kept all-reduce's compiled schedule ran, a native Call of kind
+    PROGRAM runs its blocking calls whole in C (kept.fast; api.allreduce
+    calls it first): the checks, the gate, the call number and tag, the
+    executor, as for the library's algorithm (_gate). Not for avg (its
+    division stays here) nor for a program whose scratch comes from the
+    communicator's pool; never where native calls are off or not built."""
+    exe.gated = False
+    if kept.fast is None and not kept.avg and exe.own and _env._DATA is not None and _native.PROGRAM is not None:
+        call = _native.call(_native.PROGRAM, kept.st.comm)
+        if call is not None:
+            exe.point(call)
+            call.gate(kept.st, kept, _env._DATA, engine, _MISS)
+            kept.fast = call
+
+
 class _KeptCall(_Kept):
     """``nat``: the call made from C (native.py), None where mpi4py makes it
     (not built, turned off, nothing to exchange); ``_nat_bufs(x, out)``
@@ -294,6 +310,8 @@ class KeptAllreduce(_Kept):
                 seq, tag = st.next_seq()
                 if exe:  # the compiled schedule, one C call
                     exe.run(out, None if mode == 1 else x, tag, seq)
+                    if exe.gated is None:
+                        _gate_program(self, exe)
                 elif not run(out, None if mode == 1 else x):  # (C-contiguous: no flat views needed)
                     self._schedule(x, out, tag, seq)  # (the same call number)
             else:

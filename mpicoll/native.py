@@ -32,9 +32,10 @@ _mod, _why = library_module("_native")
 _enabled = os.environ.get("MPICOLL_NATIVE", "1").strip().lower() not in ("0", "false", "no", "off")
 
 # The kinds of call (csrc/native.c's enum; None where the module is absent).
+# PROGRAM: a compiled schedule's blocking run (executor.Executable.gate).
 _KINDS = ("ALLREDUCE", "BCAST", "REDUCE", "ALLGATHERV", "SCATTERV", "GATHERV", "ALLTOALL", "REDUCE_SCATTER",
-          "ALLTOALLV")
-ALLREDUCE, BCAST, REDUCE, ALLGATHERV, SCATTERV, GATHERV, ALLTOALL, REDUCE_SCATTER, ALLTOALLV = (
+          "ALLTOALLV", "PROGRAM")
+ALLREDUCE, BCAST, REDUCE, ALLGATHERV, SCATTERV, GATHERV, ALLTOALL, REDUCE_SCATTER, ALLTOALLV, PROGRAM = (
     getattr(_mod, k, None) for k in _KINDS)
 
 

@@ -481,3 +481,86 @@ def test_a_misaligned_buffer_repeated_on_every_door(comm):
         assert np.array_equal(mpicoll.iallreduce(m, comm=comm).wait(), np.arange(9) * p + sum(range(p)))
         mpicoll.allreduce(m, comm=comm, out=m)
         assert np.array_equal(m, np.arange(9) * p + sum(range(p)))
+
+
+# ---- compiled schedules gated whole in C (kind PROGRAM) ----
+
+def _compiled_algorithms():
+    from mpicoll import algorithms as alg
+    return [name for name in mpicoll.algorithms("allreduce")
+            if name != "auto" and alg.get("allreduce", name).compilable]
+
+
+def _program_call(comm, x, out, algorithm):
+    """The kept all-reduce of ``algorithm`` after the calls that gate it."""
+    for _ in range(3):
+        mpicoll.allreduce(x, comm=comm, out=out, algorithm=algorithm)
+    [k] = [k for key, k in state(comm).plans._d.items()
+           if key[0] == "allreduce" and key[2] == x.dtype and key[4] == algorithm]
+    return k
+
+
+@pytest.mark.parametrize("dtype,op", [(np.float64, "sum"), (np.int32, "max"), (np.float32, "min")])
+def test_kept_programs_run_whole_in_c_and_equal_mpi4py(comm, dtype, op):
+    """Every compilable all-reduce algorithm, each form of out, a count
+    that no rank count divides: once gated, each call runs through the
+    PROGRAM Call (kept.fast), takes one call number, and gives mpi4py's
+    MPI_Allreduce's result."""
+    from mpicoll import executor
+    if comm.size == 1 or not executor.enabled():
+        pytest.skip("one rank, or no executor: no program to run")
+    p, r = comm.size, comm.rank
+    mop = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}[op]
+    n = 2 * p + 3
+    for name in _compiled_algorithms():
+        for how in ("new", "inplace", "other"):
+            state(comm).plans.clear()
+            x = np.arange(n, dtype=dtype) * (r + 1) - 3 * r
+            out = None if how == "new" else x if how == "inplace" else np.empty(n, dtype)
+            k = _program_call(comm, x.copy() if how == "inplace" else x, None if how != "other" else out, name) \
+                if how != "inplace" else _program_call(comm, x, x, name)
+            assert k.fast is not None and k.exe.gated is k.fast, (name, how, "the C path did not engage")
+            before = state(comm).seq
+            for i in range(3):
+                xi = (np.arange(n, dtype=dtype) + i) * (r + 1) - 3 * r
+                want = np.empty_like(xi)
+                comm.Allreduce(xi, want, op=mop)
+                if how == "inplace":
+                    x[:] = xi
+                    got = mpicoll.allreduce(x, op, comm=comm, out=x, algorithm=name)
+                    assert got is x
+                else:
+                    got = mpicoll.allreduce(xi, op, comm=comm, out=out, algorithm=name)
+                    assert how == "new" or got is out
+                assert np.array_equal(got, want), (name, how, i, got, want)
+            assert state(comm).seq == before + 3, (name, how)
+
+
+def test_a_failed_program_run_in_c_raises_on_every_rank_and_the_next_works(comm):
+    """Two gated programs whose sizes differ across ranks (rank 0 runs one
+    signature, rank 1 the other): the executor's size check fails inside
+    the C path on both ranks; the error is the Python path's (a
+    MismatchError naming the round), the kit the library may still write
+    into is kept, and the gate runs the next matching call on a new kit."""
+    from mpicoll import engine, executor
+    from mpicoll.errors import MismatchError
+    if comm.size != 2 or not executor.enabled():
+        pytest.skip("two ranks with the executor")
+    name, r = "recursive_doubling", comm.rank
+    a, b = np.ones(4, np.float32), np.ones(4, np.float64)
+    ka, kb = _program_call(comm, a, np.empty(4, np.float32), name), _program_call(comm, b, np.empty(4), name)
+    assert ka.fast is not None and kb.fast is not None
+    old = (ka.exe.kit, kb.exe.kit)
+    abandoned = len(engine._abandoned)
+    mine = (a, np.empty(4, np.float32)) if r == 0 else (b, np.empty(4))
+    with pytest.raises((MismatchError, MPI.Exception)) as info:
+        mpicoll.allreduce(mine[0], comm=comm, out=mine[1], algorithm=name)
+    assert isinstance(info.value, MismatchError) or r == 0, info.value
+    assert len(engine._abandoned) == abandoned + 1
+    k = ka if r == 0 else kb
+    assert k.exe.kit is not old[r] and k.exe.gated is k.fast
+    comm.Barrier()
+    for kk, x in ((ka, a), (kb, b)):
+        out = np.empty_like(x)
+        assert np.array_equal(mpicoll.allreduce(x, comm=comm, out=out, algorithm=name), np.full(4, 2.0))
+    assert ka.exe.gated is ka.fast and kb.exe.gated is kb.fast

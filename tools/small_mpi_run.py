@@ -3,7 +3,7 @@ all-reduce algorithm on a few dtypes/ops and awkward counts, in place and
 not, plus reduce_scatter, allgather, bcast, reduce and a pre-flight check;
 wire compression (fp16, bf16, top-k: compress.c), the shared-memory
 all-reduce (its flag sync is shmsync.c), the C executor (executor.c: a
-repeated call of a compilable algorithm), the library's collectives called
+repeated call of a compilable algorithm, then gated in native.c), the library's collectives called
 from C (native.c: repeated calls of algorithm "mpi", every collective and
 form), the nonblocking all-reduce and the mpi4py drop-in ``mpicoll.Comm``,
 so that every C file runs.
@@ -26,6 +26,8 @@ for algorithm in mpicoll.algorithms("allreduce"):
             y = mpicoll.allreduce(x, op=op, comm=comm, algorithm=algorithm)
             # The same call again: a kept plan, which runs a compilable
             # algorithm's recorded program in the C executor (executor.c).
+            assert mpicoll.allreduce(x, op=op, comm=comm, algorithm=algorithm).tobytes() == y.tobytes()
+            # And once more: that kept call whole in C (native.c's PROGRAM gate).
             assert mpicoll.allreduce(x, op=op, comm=comm, algorithm=algorithm).tobytes() == y.tobytes()
             assert mpicoll.iallreduce(x, op=op, comm=comm, algorithm=algorithm).wait().tobytes() == y.tobytes()
             z = mpicoll.allreduce(x.copy(), op=op, comm=comm, algorithm=algorithm, out=None, check=True)
