@@ -260,6 +260,24 @@ def bcast(x, root=0, *, comm=None, algorithm="auto", check=None, timeout=None):
 
     ``x`` must be a writable, C-contiguous buffer. Returns ``x``.
     """
+    # The short path, written out as allreduce's: a kept signature whose
+    # call runs whole in C (kept._gate) is called first, without _door's
+    # frames (~0.2 us each on a ~1.5 us call); MISS, or no such entry,
+    # goes the usual way, which decides and raises.
+    if type(x) is np.ndarray and type(root) is int and type(algorithm) is str and check is None \
+            and timeout is None:
+        if comm is None:
+            st = _by_handle.get(_WORLD_HANDLE)
+        else:
+            st = _by_handle.get(comm.handle) if isinstance(comm, MPI.Comm) else None
+        if st is not None:
+            plans, key = st.plans._d, ("bcast", x.shape, x.dtype, root, algorithm)
+            k = plans.get(key)
+            if k is not None:
+                fast = k.fast
+                if fast is not None and fast(x) is not _MISS:
+                    plans.move_to_end(key)
+                    return x
     return _bcast(x, root, comm, algorithm, check, timeout, True)
 
 
