@@ -82,13 +82,18 @@ class Persistent:
             # The library's persistent request, started, is the whole request:
             # the same thin request as a native nonblocking call's (Plan._start).
             st = plan.st
-            enter(st)
+            busy = st.busy
+            # (enter's checks, written out for this hot path: it raises the
+            # error that applies when either fails)
+            if engine._running_callbacks or not busy.acquire(False):
+                enter(st)
             try:
-                plan.inputs()
+                if plan.stage is not None or plan.prologue is not None:
+                    plan.inputs()
                 self._seq, _ = st.next_seq()
                 self._mpi.Start()
             finally:
-                st.busy.release()
+                busy.release()
             if plan.timeout is None:
                 # Handed to the engine only if wait() finds other requests
                 # in flight, or on test(): a start+wait pair with nothing
@@ -129,10 +134,10 @@ class Persistent:
             return self._plan.result  # MPI: waiting on an inactive persistent request returns at once
         try:
             if self._req is None:
-                eng = engine._engine
-                with eng.lock:
-                    alone = not eng.active
-                if alone:
+                # Nothing else in flight (read without the engine's lock: one
+                # read of a list under the GIL; one taken under the lock could
+                # be as stale by the time MPI_Wait is entered).
+                if not engine._engine.active:
                     self._mpi.Wait()
                     if self._finish is not None:
                         self._finish()

@@ -255,6 +255,41 @@ def test_collective_from_a_callback_is_an_error():
     np.testing.assert_array_equal(mpicoll.allreduce(np.ones(2)), np.full(2, comm.size))
 
 
+def test_persistent_start_keeps_the_gate_and_the_callback_rule():
+    """A persistent request's start (the library's algorithm: its checks
+    written out in persistent.py) refuses another thread inside a collective
+    on the communicator and a start from a done-callback, as every door
+    does, and then starts as usual."""
+    comm = MPI.COMM_WORLD
+    x, y = np.ones(4), np.empty(4)
+    pers = mpicoll.allreduce_init(x, out=y, algorithm="mpi")
+    st = _comm.state(comm)
+    try:
+        assert st.busy.acquire(False)  # as if another thread were inside a collective
+        try:
+            with pytest.raises(RuntimeError, match="another thread"):
+                pers.start()
+        finally:
+            st.busy.release()
+        seen = []
+
+        def cb(r):
+            try:
+                pers.start()
+            except RuntimeError as exc:
+                seen.append(str(exc))
+
+        req = mpicoll.iallreduce(np.ones(3))
+        req.wait()
+        req.add_done_callback(cb)  # complete: runs at once, under the callback rule
+        assert len(seen) == 1 and "done-callback" in seen[0]
+        before = st.seq
+        np.testing.assert_array_equal(pers(), np.full(4, comm.size))
+        assert st.seq == before + (comm.size > 1)  # (one rank: nothing is sent, no number taken)
+    finally:
+        pers.free()
+
+
 def test_callbacks_have_run_when_wait_returns(thread_on):
     """The progress thread observes completion and runs a slow callback;
     wait() on the caller's thread returns only after it ran. A callback may
