@@ -296,6 +296,51 @@ static int bounds_error_(const char *what) {
     return -1;
 }
 
+/* The root of a scatterv or gatherv, the one mirrored the other way: ``big``
+ * holds every rank's block (scatterv's sbuf, read; gatherv's rbuf, written:
+ * ``big_write``) and must reach the counts. Root's own block is ``other``
+ * (the opposite direction) when one apart from big is given - the library
+ * copies it; it must be the block's size (``exact``) or at least that - and
+ * otherwise stays in big (MPI_IN_PLACE, count 0). ``other_bounds`` names
+ * other in its size error. -1: a Python error is set, nothing was called. */
+static int root_blocks(Call *self, PyObject *big_o, int big_write, const char *big_name, PyObject *other_o,
+                       const char *other_name, const char *other_bounds, int exact, void **big, void **own,
+                       int *own_count) {
+    PyArrayObject *b = array_arg(self, big_o, big_write, 0, big_name);
+    if (b == NULL)
+        return -1;
+    PyArrayObject *o = array_arg(self, other_o, !big_write, 1, other_name);
+    if (o == NULL && PyErr_Occurred())
+        return -1;
+    if (PyArray_NBYTES(b) < self->send_extent)
+        return bounds_error_(big_name);
+    *big = PyArray_DATA(b);
+    *own = MPI_IN_PLACE;
+    *own_count = 0;
+    if (o != NULL && !overlaps(b, o)) {
+        Py_ssize_t nb = PyArray_NBYTES(o), block = self->counts[self->root];
+        if (exact ? nb != block : nb < block)
+            return bounds_error_(other_bounds);
+        *own = PyArray_DATA(o);
+        *own_count = (int)block;
+    }
+    return 0;
+}
+
+/* A non-root rank's scatterv receive (written) or gatherv send: the whole
+ * array, its pointer and bytes. -1: a Python error is set. */
+static int whole(Call *self, PyObject *obj, int write, const char *name, void **p, int *nbytes) {
+    PyArrayObject *a = array_arg(self, obj, write, 0, name);
+    if (a == NULL)
+        return -1;
+    Py_ssize_t nb = PyArray_NBYTES(a);
+    if (too_long(nb))
+        return -1;
+    *p = PyArray_DATA(a);
+    *nbytes = (int)nb;
+    return 0;
+}
+
 /* The three forms of one call (MPI's blocking call, its MPI_I... form and
  * its MPI-4 ..._init form take the same arguments, the last two a request
  * after them, the persistent one an info before it). The blocking call
@@ -391,69 +436,36 @@ static int post(Call *self, PyObject *so, PyObject *ro, int form, MPI_Request *r
     }
     case K_SCATTERV: {
         if (root_here) {
-            /* Root's own block goes to rbuf when one apart from sbuf is given
-             * (the library copies it); else it stays in sbuf (in place). */
-            if ((s = array_arg(self, so, 0, 0, "sbuf")) == NULL)
+            void *sp, *own;
+            int own_count;
+            if (root_blocks(self, so, 0, "sbuf", ro, "rbuf", "rbuf", 0, &sp, &own, &own_count) < 0)
                 return -1;
-            r = array_arg(self, ro, 1, 1, "rbuf");
-            if (r == NULL && PyErr_Occurred())
-                return -1;
-            if (PyArray_NBYTES(s) < self->send_extent)
-                return bounds_error_("sbuf");
-            const void *sp = PyArray_DATA(s);
-            if (r != NULL && !overlaps(s, r)) {
-                if (PyArray_NBYTES(r) < self->counts[self->root])
-                    return bounds_error_("rbuf");
-                void *rp = PyArray_DATA(r);
-                MPICALL(MPI_Scatterv, MPI_Iscatterv, MPI_Scatterv_init, sp, self->counts, self->displs, MPI_BYTE, rp,
-                        self->counts[self->root], MPI_BYTE, self->root, comm);
-            } else {
-                MPICALL(MPI_Scatterv, MPI_Iscatterv, MPI_Scatterv_init, sp, self->counts, self->displs, MPI_BYTE,
-                        MPI_IN_PLACE, 0, MPI_BYTE, self->root, comm);
-            }
+            MPICALL(MPI_Scatterv, MPI_Iscatterv, MPI_Scatterv_init, sp, self->counts, self->displs, MPI_BYTE, own,
+                    own_count, MPI_BYTE, self->root, comm);
         } else {
-            if ((r = array_arg(self, ro, 1, 0, "rbuf")) == NULL)
+            void *rp;
+            int nb;
+            if (whole(self, ro, 1, "rbuf", &rp, &nb) < 0)
                 return -1;
-            Py_ssize_t nb = PyArray_NBYTES(r);
-            if (too_long(nb))
-                return -1;
-            void *rp = PyArray_DATA(r);
-            MPICALL(MPI_Scatterv, MPI_Iscatterv, MPI_Scatterv_init, NULL, NULL, NULL, MPI_BYTE, rp, (int)nb, MPI_BYTE,
+            MPICALL(MPI_Scatterv, MPI_Iscatterv, MPI_Scatterv_init, NULL, NULL, NULL, MPI_BYTE, rp, nb, MPI_BYTE,
                     self->root, comm);
         }
         break;
     }
     case K_GATHERV: {
         if (root_here) {
-            /* Root's own block comes from sbuf when one apart from rbuf is
-             * given (the library copies it); else it is in rbuf (in place). */
-            if ((r = array_arg(self, ro, 1, 0, "rbuf")) == NULL)
+            void *rp, *own;
+            int own_count;
+            if (root_blocks(self, ro, 1, "rbuf", so, "sbuf", "sbuf (root's block)", 1, &rp, &own, &own_count) < 0)
                 return -1;
-            s = array_arg(self, so, 0, 1, "sbuf");
-            if (s == NULL && PyErr_Occurred())
-                return -1;
-            if (PyArray_NBYTES(r) < self->send_extent)
-                return bounds_error_("rbuf");
-            void *rp = PyArray_DATA(r);
-            if (s != NULL && !overlaps(s, r)) {
-                Py_ssize_t nb = PyArray_NBYTES(s);
-                if (nb != self->counts[self->root])
-                    return bounds_error_("sbuf (root's block)");
-                const void *sp = PyArray_DATA(s);
-                MPICALL(MPI_Gatherv, MPI_Igatherv, MPI_Gatherv_init, sp, (int)nb, MPI_BYTE, rp, self->counts,
-                        self->displs, MPI_BYTE, self->root, comm);
-            } else {
-                MPICALL(MPI_Gatherv, MPI_Igatherv, MPI_Gatherv_init, MPI_IN_PLACE, 0, MPI_BYTE, rp, self->counts,
-                        self->displs, MPI_BYTE, self->root, comm);
-            }
+            MPICALL(MPI_Gatherv, MPI_Igatherv, MPI_Gatherv_init, own, own_count, MPI_BYTE, rp, self->counts,
+                    self->displs, MPI_BYTE, self->root, comm);
         } else {
-            if ((s = array_arg(self, so, 0, 0, "sbuf")) == NULL)
+            void *sp;
+            int nb;
+            if (whole(self, so, 0, "sbuf", &sp, &nb) < 0)
                 return -1;
-            Py_ssize_t nb = PyArray_NBYTES(s);
-            if (too_long(nb))
-                return -1;
-            const void *sp = PyArray_DATA(s);
-            MPICALL(MPI_Gatherv, MPI_Igatherv, MPI_Gatherv_init, sp, (int)nb, MPI_BYTE, NULL, NULL, NULL, MPI_BYTE,
+            MPICALL(MPI_Gatherv, MPI_Igatherv, MPI_Gatherv_init, sp, nb, MPI_BYTE, NULL, NULL, NULL, MPI_BYTE,
                     self->root, comm);
         }
         break;
