@@ -135,7 +135,9 @@ class CommState:
 
     def next_seq(self):
         """(sequence number, tag) of the next collective call on this
-        communicator. Every call takes its number here, atomically."""
+        communicator. Every call takes its number here, atomically (or
+        in C from the same counter, with the same tag formula: a gated
+        kept call, csrc/native.c kept_run)."""
         seq = next(self._numbers)
         self.seq = seq + 1  # (callers hold busy: nobody else writes it meanwhile)
         return seq, 1 + seq % self.tag_span

@@ -99,8 +99,7 @@ def _gate_program(kept, exe) -> None:
         call = _native.call(_native.PROGRAM, kept.st.comm)
         if call is not None:
             exe.point(call)
-            call.gate(kept.st, kept, _env._DATA, engine, _MISS)
-            kept.fast = call
+            _gate(kept, call, True)
 
 
 class _KeptCall(_Kept):
