@@ -59,8 +59,8 @@ Cost of the simulation itself: one SimGrid actor (a thread) per rank and
 1200-2700 messages per second of wall time on a loaded 2-core machine;
 a ring all-reduce at p = 1024 (2.1 M messages) takes tens of minutes, so
 the study skips cells above ``--max-messages`` (estimated by
-``mpicoll.model.terms``). Every ``run`` forks: SimGrid allows one engine
-per process.
+``mpicoll.model.terms``). Every ``run`` starts a new Python process (about
+0.3 s): SimGrid allows one engine per process.
 
     python -m mpicoll.simulate --platform platforms/cluster-128x8-fattree.xml \\
         --p 64,256,1024 --ppn 8 --sizes 8:64M [--algorithms ring,tree] [--profile-out F]
@@ -444,13 +444,16 @@ class Result(NamedTuple):
 
 
 def run(platform, collective: str, algorithm: str, p: int, nbytes: int, *, ppn: int = 1,
-        dtype: str = "float32", op: str = "sum", knobs: Optional[dict] = None) -> Result:
+        dtype: str = "float32", op: str = "sum", knobs: Optional[dict] = None,
+        timeout_s: Optional[float] = None) -> Result:
     """Simulate one call of ``collective`` by ``algorithm`` on ``p`` ranks,
     ``ppn`` per host, of ``nbytes`` bytes (rounded down to whole elements);
     returns the predicted time and the per-rank counts.
 
     Each call runs in a fresh process-wide SimGrid engine: SimGrid allows
-    one engine per process, so ``run`` forks and the child simulates.
+    one engine per process, so ``run`` starts a new Python process that
+    simulates (``_in_child``); past ``timeout_s`` it is killed and
+    ``TimeoutError`` raised.
     """
     plat = platform if isinstance(platform, Platform) else load_platform(platform)
     if p < 1 or ppn < 1 or nbytes < 0:
@@ -480,7 +483,8 @@ def run(platform, collective: str, algorithm: str, p: int, nbytes: int, *, ppn: 
     knobs = dict(knobs or {})
     if algorithm in SHARED_MEMORY:
         knobs = _shared_memory_knobs(plat, p, ppn, n, itemsize, dt, reduction, knobs)
-    return _in_child(_simulate, plat, alg, collective, p, ppn, n, storage, dt, reduction, knobs)
+    return _in_child(_simulate, plat, alg.name, collective, p, ppn, n, storage, dt, reduction, knobs,
+                     timeout_s=timeout_s)
 
 
 SHARED_MEMORY = ("shm", "hierarchical")
@@ -511,7 +515,10 @@ def _shared_memory_knobs(plat, p, ppn, n, itemsize, dt, reduction, knobs) -> dic
     return knobs
 
 
-def _simulate(plat, alg, collective, p, ppn, n, storage, dt, reduction, knobs):
+def _simulate(plat, name, collective, p, ppn, n, storage, dt, reduction, knobs):
+    from .algorithms import get
+
+    alg = get(collective, name)  # by name: a registry entry holds functions that do not pickle
     sg = import_simgrid()
     t0 = time.perf_counter()
     engine = sg.Engine(["mpicoll", "--log=root.thresh:critical", "--cfg=contexts/factory:thread"])
@@ -549,37 +556,90 @@ def _host_order(name: str):
     return (int(digits) if digits else -1, name)
 
 
-def _in_child(fn, *args):
-    """``fn(*args)`` in a forked child (SimGrid: one engine per process,
-    and its actor threads do not outlive a run); its result or exception
-    comes back pickled."""
-    import pickle
+# The environment variables by which an MPI launcher tells a process which
+# rank of which job it is. The simulation process must not see them: it
+# imports mpicoll (and so mpi4py), and an MPI_Init there would join the
+# parent's job as a second copy of the parent's rank.
+_LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPIR_", "PRTE_", "MPI_LOCALRANKID", "MPI_LOCALNRANKS")
 
-    rfd, wfd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        os.close(rfd)
-        try:
-            out = (True, fn(*args))
-        except BaseException as exc:  # noqa: BLE001 - sent to the parent
-            out = (False, exc)
-        try:
-            data = pickle.dumps(out)
-        except Exception as exc:  # an exception that does not pickle
-            data = pickle.dumps((False, RuntimeError(f"{type(out[1]).__name__}: {out[1]} ({exc})")))
-        with os.fdopen(wfd, "wb") as f:
-            f.write(data)
-        os._exit(0)
-    os.close(wfd)
-    with os.fdopen(rfd, "rb") as f:
-        data = f.read()
-    os.waitpid(pid, 0)
-    if not data:
-        raise RuntimeError("mpicoll: the simulation process died (SimGrid aborted); rerun to see its log")
+
+def _child_env() -> dict:
+    import mpicoll
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_PREFIXES)}
+    env["MPI4PY_RC_INITIALIZE"] = "0"  # the child never calls MPI
+    root = os.path.dirname(os.path.dirname(os.path.abspath(mpicoll.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([root] + [x for x in env.get("PYTHONPATH", "").split(os.pathsep) if x])
+    return env
+
+
+def _in_child(fn, *args, timeout_s: Optional[float] = None):
+    """``fn(*args)`` in a new Python process (SimGrid: one engine per
+    process, and its actor threads do not outlive a run); its result or
+    exception comes back pickled.
+
+    A new interpreter, not ``os.fork()``: the caller may be an MPI program
+    with threads (mpicoll's progress thread, pytest-xdist's, UCX's), and a
+    forked child of such a process can block for ever on a lock another
+    thread held at the fork (seen: UCX's memory hooks, on the first malloc
+    of a SimGrid actor thread). The child starts clean, without MPI. Past
+    ``timeout_s`` seconds it is killed and ``TimeoutError`` raised.
+    """
+    import pickle
+    import subprocess
+
+    cmd = [sys.executable, "-c", "from mpicoll import simulate; simulate._child_main()"]
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=_child_env(), close_fds=True)
+    try:
+        request = pickle.dumps(list(sys.path)) + pickle.dumps((fn, args))  # the path first: fn's module imports
+        data, err = proc.communicate(request, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+        raise TimeoutError(f"mpicoll: the simulation did not finish in {timeout_s} s; it was killed"
+                           + _tail(err)) from None
+    except BaseException:  # KeyboardInterrupt and the like: no orphan left simulating
+        proc.kill()
+        proc.wait()
+        raise
+    if proc.returncode != 0 or not data:
+        raise RuntimeError(f"mpicoll: the simulation process died (exit status {proc.returncode})" + _tail(err))
     ok, value = pickle.loads(data)
     if not ok:
         raise value
     return value
+
+
+def _tail(err: bytes, lines: int = 20) -> str:
+    text = err.decode(errors="replace").strip().splitlines()[-lines:]
+    return ("; its last output:\n" + "\n".join(text)) if text else ""
+
+
+def _child_main() -> None:  # pragma: no cover - runs in the simulation process
+    """The simulation process: the caller's ``sys.path`` and ``(fn, args)``
+    pickled on stdin; ``(True, result)`` or ``(False, exception)`` pickled
+    on stdout. What SimGrid or the schedule prints goes to stderr, so
+    stdout carries only the answer."""
+    import pickle
+
+    answer = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    request = sys.stdin.buffer
+    sys.path[:] = pickle.load(request)  # the caller's, so that fn's module imports here too
+    fn, args = pickle.load(request)
+    try:
+        out = (True, fn(*args))
+    except BaseException as exc:  # noqa: BLE001 - sent to the parent
+        out = (False, exc)
+    try:
+        data = pickle.dumps(out)
+    except Exception as exc:  # an exception that does not pickle
+        data = pickle.dumps((False, RuntimeError(f"{type(out[1]).__name__}: {out[1]} ({exc})")))
+    answer.write(data)
+    answer.flush()
+    os._exit(0)  # SimGrid's threads and atexit handlers have nothing left to do
 
 
 # ---- the study: a table of algorithms x (p, size) --------------------------------
@@ -642,9 +702,11 @@ def algorithm_spec(spec: str, ppn: int) -> tuple:
 
 
 def study(plat: Platform, collective: str, algorithms: List[str], ps: List[int], ppn: int, sizes: List[int], *,
-          dtype="float32", op="sum", max_messages=300_000, jobs=1, native=None, log=None) -> List[dict]:
+          dtype="float32", op="sum", max_messages=300_000, jobs=1, native=None, log=None,
+          timeout_s: Optional[float] = None) -> List[dict]:
     """Simulate every algorithm at every (p, size): one row per cell, with
-    ``time_s`` None and ``skipped`` saying why when it was not simulated."""
+    ``time_s`` None and ``skipped`` saying why when it was not simulated
+    (``Unsimulable``, over ``max_messages``, or past ``timeout_s`` seconds)."""
     from concurrent.futures import ThreadPoolExecutor
 
     cells = [(p, n, a) for p in ps for n in sizes for a in algorithms]
@@ -660,8 +722,9 @@ def study(plat: Platform, collective: str, algorithms: List[str], ps: List[int],
             row["skipped"] = f"{est} messages > --max-messages {max_messages}"
         else:
             try:
-                r = run(plat, collective, name, p, n, ppn=ppn, dtype=dtype, op=op, knobs=knobs)
-            except Unsimulable as exc:
+                r = run(plat, collective, name, p, n, ppn=ppn, dtype=dtype, op=op, knobs=knobs,
+                        timeout_s=timeout_s)
+            except (Unsimulable, TimeoutError) as exc:
                 row["skipped"] = str(exc)
             else:
                 row.update(time_s=r.time_s, wall_s=r.wall_s, messages=sum(s.messages for s in r.stats),
@@ -671,7 +734,7 @@ def study(plat: Platform, collective: str, algorithms: List[str], ps: List[int],
             print(f"  p={p:<5} {n:>10} B  {a:<20} {t:>14}  (wall {row['wall_s']:.1f} s)", file=log, flush=True)
         return row
 
-    with ThreadPoolExecutor(max(1, jobs)) as pool:  # each run forks its own SimGrid process
+    with ThreadPoolExecutor(max(1, jobs)) as pool:  # each run is its own SimGrid process
         rows = list(pool.map(one, cells))
     return rows
 
@@ -820,6 +883,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write every cell and the summary as JSON")
     ap.add_argument("--profile-out", help="write a tuning profile of the simulated best (all-reduce)")
     ap.add_argument("--quiet", action="store_true", help="no per-cell progress lines")
+    ap.add_argument("--timeout", type=float, help="seconds per cell; a cell past it is killed and reported skipped")
     a = ap.parse_args(argv)
 
     plat = load_platform(a.platform)
@@ -829,7 +893,8 @@ def main(argv=None) -> int:
         [x for x in names(a.collective)[1:] if x not in ("mpi", "shm", "hetero_ring")]
     t0 = time.perf_counter()
     rows = study(plat, a.collective, algorithms, ps, a.ppn, sizes, dtype=a.dtype, op=a.op,
-                 max_messages=a.max_messages, jobs=a.jobs, log=None if a.quiet else sys.stderr)
+                 max_messages=a.max_messages, jobs=a.jobs, log=None if a.quiet else sys.stderr,
+                 timeout_s=a.timeout)
     wall = time.perf_counter() - t0
     native = load_native(a.native)
     print(f"{a.collective}, {a.dtype} {a.op}, on {a.platform} at {a.ppn} ranks per node; "

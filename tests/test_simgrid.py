@@ -260,3 +260,11 @@ def test_plot_reads_the_note_and_writes_svg(tmp_path):
     assert len(lines) == sum(len(s) for t in tables.values() for s in t.values())
     with pytest.raises(ValueError, match="no section"):
         plot.read_tables("nothing here")
+
+
+def test_a_cell_past_the_studys_timeout_is_skipped_and_the_rest_run():
+    plat = simulate.load_platform(CLUSTER)
+    rows = simulate.study(plat, "allreduce", ["ring"], [16], 8, [64], timeout_s=0.001)
+    assert rows[0]["time_s"] is None and "did not finish in 0.001 s" in rows[0]["skipped"]
+    rows = simulate.study(plat, "allreduce", ["ring"], [16], 8, [64], timeout_s=120)
+    assert rows[0]["time_s"] > 0 and rows[0]["skipped"] is None
