@@ -272,7 +272,7 @@ VALGRIND_LOGS := build/valgrind
 sanitize: $(STAMP)
 	test -x $(ASAN_VENV)/bin/python || $(PYTHON) -m venv $(ASAN_VENV)
 	$(ASAN_VENV)/bin/pip install -q --upgrade pip
-	$(ASAN_VENV)/bin/pip install -q $(MPI) mpi4py numpy cffi pytest pytest-mpi hypothesis ml_dtypes setuptools wheel
+	$(ASAN_VENV)/bin/pip install -q $(MPI) mpi4py numpy cffi pytest pytest-mpi hypothesis ml_dtypes 'setuptools>=77' wheel
 	rm -rf $(ASAN_SRC) && mkdir -p $(ASAN_SRC)
 	cp -r csrc mpicoll setup.py pyproject.toml README.md $(ASAN_SRC)/
 	rm -f $(ASAN_SRC)/mpicoll/_kernels*.so $(ASAN_SRC)/mpicoll/_kernels.c
@@ -306,7 +306,7 @@ PORTABLE_SRC := build/portable-src
 test-portable:
 	test -x $(PORTABLE_VENV)/bin/python || $(PYTHON) -m venv $(PORTABLE_VENV)
 	$(PORTABLE_VENV)/bin/pip install -q --upgrade pip
-	$(PORTABLE_VENV)/bin/pip install -q mpi4py numpy cffi pytest hypothesis ml_dtypes setuptools wheel $(MPI)
+	$(PORTABLE_VENV)/bin/pip install -q mpi4py numpy cffi pytest hypothesis ml_dtypes 'setuptools>=77' wheel $(MPI)
 	rm -rf $(PORTABLE_SRC) && mkdir -p $(PORTABLE_SRC)
 	cp -r csrc mpicoll setup.py pyproject.toml README.md $(PORTABLE_SRC)/
 	rm -f $(PORTABLE_SRC)/mpicoll/_kernels*.so $(PORTABLE_SRC)/mpicoll/_kernels.c
