@@ -564,11 +564,9 @@ _LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPIR_", "PRTE_", "MPI
 
 
 def _child_env() -> dict:
-    import mpicoll
-
     env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_PREFIXES)}
     env["MPI4PY_RC_INITIALIZE"] = "0"  # the child never calls MPI
-    root = os.path.dirname(os.path.dirname(os.path.abspath(mpicoll.__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where this mpicoll imports from
     env["PYTHONPATH"] = os.pathsep.join([root] + [x for x in env.get("PYTHONPATH", "").split(os.pathsep) if x])
     return env
 
