@@ -858,6 +858,229 @@ static PyObject *Call_gate(Call *self, PyObject *const *args, Py_ssize_t nargs) 
     Py_RETURN_NONE;
 }
 
+/* ---- the engine's NativeRequest, made and waited for from C ----------------
+ *
+ * A short native I-call waited for at once is the common case of every
+ * nonblocking door, and through engine.py's Python it cost ~1.4 us on top
+ * of the library's call (the request built by start_native, wait() and
+ * wait_native's two lock passes, _complete, _settle). bind() hands this
+ * module engine.py's pieces once; then
+ *   - kept_run's F_START builds the NativeRequest itself (what start_native
+ *     does for a short request: result, the C Req, a new callback list, the
+ *     communicator's state held), and
+ *   - ``request_wait`` (NativeRequest.wait, an instance method) runs
+ *     wait_native's "alone" path: under the engine's lock, a request nobody
+ *     else drives (not finished, listed or waited for, and the engine's list
+ *     empty) is marked blocking; MPI_Wait with the GIL released; under the
+ *     lock again it is finished and its callbacks taken; then, as _settle,
+ *     the state released and the request marked done.
+ * Anything else (a finish to run, callbacks, a freed communicator, other
+ * requests in flight, an error) goes to the Python code, which stays the
+ * one description of what happens. */
+static PyObject *E_engine, *E_acquire, *E_release, *E_cls, *E_wait, *E_failed, *E_settle, *E_empty;
+static Py_ssize_t E_list_min;
+static PyObject *s_done_, *s_finished_, *s_blocking_, *s_listed_, *s_finish_, *s_error_, *s_mpi_, *s_callbacks_,
+    *s_st_, *s_keep_, *s_active, *s_stepper, *s_result, *s_live_, *s_Wait;
+
+static PyObject *bind(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    (void)mod;
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "mpicoll native: bind(engine, NativeRequest, wait, failed, settle, list_min)");
+        return NULL;
+    }
+    Py_ssize_t lm = PyLong_AsSsize_t(args[5]);
+    if (lm == -1 && PyErr_Occurred())
+        return NULL;
+    PyObject *lock = PyObject_GetAttrString(args[0], "lock");
+    if (lock == NULL)
+        return NULL;
+    PyObject *acq = PyObject_GetAttr(lock, s_acquire), *rel = PyObject_GetAttr(lock, s_release);
+    Py_DECREF(lock);
+    if (acq == NULL || rel == NULL || !PyType_Check(args[1])) {
+        Py_XDECREF(acq);
+        Py_XDECREF(rel);
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "mpicoll native: bind() takes the request class");
+        return NULL;
+    }
+    Py_XSETREF(E_acquire, acq);
+    Py_XSETREF(E_release, rel);
+    PyObject **slots[] = {&E_engine, &E_cls, &E_wait, &E_failed, &E_settle};
+    for (int i = 0; i < 5; i++) {
+        Py_INCREF(args[i]);
+        Py_XSETREF(*slots[i], args[i]);
+    }
+    E_list_min = lm;
+    Py_RETURN_NONE;
+}
+
+/* obj.name is value (identity); -1 with an error set. */
+static int attr_is(PyObject *obj, PyObject *name, PyObject *value) {
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL)
+        return -1;
+    int is = v == value;
+    Py_DECREF(v);
+    return is;
+}
+
+static int lock_call(PyObject *fn) {
+    PyObject *r = PyObject_CallNoArgs(fn);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
+/* A new NativeRequest for a started Req (start_native's short case), the
+ * state ``st`` held (CommState.hold) until it completes. */
+static PyObject *new_request(PyObject *q, PyObject *result, PyObject *st) {
+    PyObject *r = PyBaseObject_Type.tp_new((PyTypeObject *)E_cls, E_empty, NULL);
+    if (r == NULL)
+        return NULL;
+    PyObject *cbs = PyList_New(0), *live = PyObject_GetAttr(st, s_live_);
+    int bad = cbs == NULL || live == NULL || !PyList_Check(live) || PyObject_SetAttr(r, s_result, result) < 0
+              || PyObject_SetAttr(r, s_mpi_, q) < 0 || PyObject_SetAttr(r, s_callbacks_, cbs) < 0
+              || PyObject_SetAttr(r, s_st_, st) < 0;
+    if (!bad)
+        bad = PyList_Append(live, Py_None) < 0;
+    Py_XDECREF(cbs);
+    Py_XDECREF(live);
+    if (bad) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "mpicoll native: the state's _live is not a list");
+        Py_DECREF(r);
+        return NULL;
+    }
+    return r;
+}
+
+/* wait_native's alone path (see above): 1 done (completed, or failed and
+ * settled by the engine's Python), 0 not alone (the Python wait decides),
+ * -1 an error of ours. */
+static int wait_alone(PyObject *req) {
+    int is = attr_is(E_engine, s_stepper, Py_None);
+    if (is <= 0)
+        return is;
+    if ((is = attr_is(req, s_finish_, Py_None)) <= 0)
+        return is;
+    if (lock_call(E_acquire) < 0)
+        return -1;
+    int alone = 0, bad = 0;
+    PyObject *active = PyObject_GetAttr(E_engine, s_active);
+    if (active == NULL || !PyList_Check(active))
+        bad = 1;
+    else if (PyList_GET_SIZE(active) == 0) {
+        int a = attr_is(req, s_finished_, Py_False), b = a > 0 ? attr_is(req, s_blocking_, Py_False) : a,
+            c = b > 0 ? attr_is(req, s_listed_, Py_False) : b;
+        alone = c > 0;
+        bad = c < 0 || (alone && PyObject_SetAttr(req, s_blocking_, Py_True) < 0);
+    }
+    Py_XDECREF(active);
+    if (lock_call(E_release) < 0 || bad) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "mpicoll native: the engine's list is not a list");
+        return -1;
+    }
+    if (!alone)
+        return 0;
+    PyObject *mpi = PyObject_GetAttr(req, s_mpi_);
+    if (mpi == NULL)
+        return -1;
+    PyObject *w = Py_TYPE(mpi) == &ReqType ? Req_Wait((Req *)mpi, NULL) : PyObject_CallMethodNoArgs(mpi, s_Wait);
+    Py_DECREF(mpi);
+    if (w == NULL) {
+        /* The library's error: recorded on this request by the engine
+         * (wait_native's except branch), raised by wait() from there. */
+        PyObject *t, *v, *tb;
+        PyErr_Fetch(&t, &v, &tb);
+        PyErr_NormalizeException(&t, &v, &tb);
+        if (tb != NULL)
+            PyException_SetTraceback(v, tb);
+        PyObject *r = PyObject_CallFunctionObjArgs(E_failed, req, v, NULL);
+        Py_XDECREF(t);
+        Py_XDECREF(v);
+        Py_XDECREF(tb);
+        Py_XDECREF(r);
+        return r == NULL ? -1 : 1;
+    }
+    Py_DECREF(w);
+    /* _complete and the callbacks taken, under the lock (add_done_callback
+     * reads _finished under it). */
+    if (lock_call(E_acquire) < 0)
+        return -1;
+    PyObject *cbs = NULL;
+    bad = PyObject_SetAttr(req, s_finished_, Py_True) < 0 || PyObject_SetAttr(req, s_keep_, Py_None) < 0
+          || (cbs = PyObject_GetAttr(req, s_callbacks_)) == NULL || !PyList_Check(cbs);
+    if (!bad && PyList_GET_SIZE(cbs) > 0) {
+        PyObject *fresh = PyList_New(0);
+        bad = fresh == NULL || PyObject_SetAttr(req, s_callbacks_, fresh) < 0;
+        Py_XDECREF(fresh);
+    }
+    if (lock_call(E_release) < 0 || bad) {
+        Py_XDECREF(cbs);
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "mpicoll native: a request's callbacks are not a list");
+        return -1;
+    }
+    /* _settle: without callbacks, and for a communicator not freed, that is
+     * CommState.release's pop and the request marked done; else its Python. */
+    PyObject *st = PyObject_GetAttr(req, s_st_);
+    int simple = st != NULL && PyList_GET_SIZE(cbs) == 0, rc = 0;
+    if (simple && st != Py_None) {
+        PyObject *live = NULL;
+        simple = attr_is(st, s_freed, Py_False) > 0 && (live = PyObject_GetAttr(st, s_live_)) != NULL
+                 && PyList_Check(live) && PyList_GET_SIZE(live) > 0;
+        if (simple)
+            rc = PyList_SetSlice(live, PyList_GET_SIZE(live) - 1, PyList_GET_SIZE(live), NULL) < 0
+                 || PyObject_SetAttr(req, s_st_, Py_None) < 0 ? -1 : 0;
+        Py_XDECREF(live);
+    }
+    if (st == NULL || PyErr_Occurred())
+        rc = -1;
+    else if (simple)
+        rc = rc < 0 || PyObject_SetAttr(req, s_done_, Py_True) < 0 ? -1 : 1;
+    else {
+        PyObject *r = PyObject_CallFunctionObjArgs(E_settle, req, cbs, NULL);
+        rc = r == NULL ? -1 : 1;
+        Py_XDECREF(r);
+    }
+    Py_XDECREF(st);
+    Py_DECREF(cbs);
+    return rc;
+}
+
+/* NativeRequest.wait where this module is bound: the alone path above, else
+ * the Python wait (which also raises a recorded error). */
+static PyObject *request_wait(PyObject *mod, PyObject *req) {
+    (void)mod;
+    if (E_wait == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "mpicoll native: request_wait before bind()");
+        return NULL;
+    }
+    int done = attr_is(req, s_done_, Py_True);
+    if (done < 0)
+        return NULL;
+    if (!done) {
+        int r = wait_alone(req);
+        if (r < 0)
+            return NULL;
+        if (r == 0)
+            return PyObject_CallOneArg(E_wait, req);
+    }
+    int clean = attr_is(req, s_error_, Py_None);
+    if (clean < 0)
+        return NULL;
+    return clean ? PyObject_GetAttr(req, s_result) : PyObject_CallOneArg(E_wait, req);
+}
+
+static PyMethodDef module_methods[] = {
+    {"bind", (PyCFunction)(void (*)(void))bind, METH_FASTCALL,
+     "bind(engine, NativeRequest, wait, failed, settle, list_min): make and wait for the engine's short native "
+     "requests from C."},
+    {NULL, NULL, 0, NULL}};
+
+static PyMethodDef wait_def = {"wait", (PyCFunction)request_wait, METH_O,
+                               "wait(): the request's result, once complete (engine.NativeRequest.wait)."};
+
 /* 1: as usual; 0: not (the Python path decides); -1: an error is set. */
 static int usual(Call *self) {
     PyObject *v = PyObject_GetAttr(self->st, s_freed);
@@ -1032,10 +1255,14 @@ static PyObject *kept_run(Call *self, PyObject *xo, PyObject *oo, int form) {
     Py_INCREF(out);
     q->r = (PyObject *)out;
     q->active = 1;
-    PyObject *pair = PyTuple_Pack(2, (PyObject *)out, (PyObject *)q);
-    Py_DECREF(q);  /* (the pair holds it, or the error drops it: active, its arrays are kept) */
+    /* A short one as the engine's NativeRequest (bind()); else the pair, for
+     * engine.start_native (it lists a long one for the progress thread). */
+    PyObject *res = E_cls != NULL && PyArray_NBYTES(x) < E_list_min
+                        ? new_request((PyObject *)q, (PyObject *)out, self->st)
+                        : PyTuple_Pack(2, (PyObject *)out, (PyObject *)q);
+    Py_DECREF(q);  /* (the result holds it, or the error drops it: active, its arrays are kept) */
     Py_DECREF(out);
-    return pair;
+    return res;
 miss:
     Py_INCREF(self->miss);
     return self->miss;
@@ -1048,7 +1275,8 @@ static PyObject *Call_kept(Call *self, PyObject *args, PyObject *kw) {
     return kept_run(self, xo, oo, F_BLOCKING);
 }
 
-/* start_kept(x[, out]) -> (result, Req) or miss: the same, started. */
+/* start_kept(x[, out]) -> the engine's NativeRequest (bound, shorter than
+ * its list_min), (result, Req), or miss: the same, started. */
 static PyObject *Call_start_kept(Call *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 1 && nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "mpicoll native: start_kept(x[, out])");
@@ -1059,7 +1287,7 @@ static PyObject *Call_start_kept(Call *self, PyObject *const *args, Py_ssize_t n
 
 static PyMethodDef Call_methods[] = {
     {"start_kept", (PyCFunction)(void (*)(void))Call_start_kept, METH_FASTCALL,
-     "start_kept(x, out) -> (result, Req) or miss: a gated all-reduce's I-call, whole."},
+     "start_kept(x, out) -> NativeRequest, (result, Req) or miss: a gated call's I-call, whole."},
     {"program", (PyCFunction)(void (*)(void))Call_program, METH_FASTCALL,
      "program(xrun, state, steps, nsteps, lists, scratch, info, op, dtype, comm, nbytes, exe, kit): a program's "
      "Call runs this executor program (gate() it, then call it)."},
@@ -1091,7 +1319,7 @@ static PyTypeObject CallType = {
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, NULL, "The MPI library's collectives on numpy arrays.",
-                                    -1, NULL};
+                                    -1, module_methods};
 
 static PyObject *init(const char *name) {
     import_array1(NULL);  /* (returns NULL with numpy's error if numpy's C API is missing) */
@@ -1101,11 +1329,17 @@ static PyObject *init(const char *name) {
     static const struct { PyObject **s; const char *text; } names[] = {
         {&s_freed, "freed"}, {&s_seq, "seq"}, {&s_acquire, "acquire"}, {&s_release, "release"},
         {&s_running, "_running_callbacks"}, {&s_busy, "busy"}, {&s_numbers, "_numbers"}, {&s_env, "env"},
-        {&s_env_keys, "env_keys"}, {&s_mode, "mode"}, {&s_tag_span, "tag_span"}};
+        {&s_env_keys, "env_keys"}, {&s_mode, "mode"}, {&s_tag_span, "tag_span"}, {&s_done_, "_done"},
+        {&s_finished_, "_finished"}, {&s_blocking_, "_blocking"}, {&s_listed_, "_listed"}, {&s_finish_, "_finish"},
+        {&s_error_, "_error"}, {&s_mpi_, "_mpi"}, {&s_callbacks_, "_callbacks"}, {&s_st_, "_st"},
+        {&s_keep_, "_keep"}, {&s_active, "active"}, {&s_stepper, "stepper"}, {&s_result, "result"},
+        {&s_live_, "_live"}, {&s_Wait, "Wait"}};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (*names[i].s == NULL && (*names[i].s = PyUnicode_InternFromString(names[i].text)) == NULL)
             return NULL;
     if (one == NULL && (one = PyLong_FromLong(1)) == NULL)
+        return NULL;
+    if (E_empty == NULL && (E_empty = PyTuple_New(0)) == NULL)
         return NULL;
     if (MPIException == NULL) {
         PyObject *mpi = PyImport_ImportModule("mpi4py.MPI");
@@ -1122,6 +1356,15 @@ static PyObject *init(const char *name) {
     Py_INCREF(&CallType);
     if (PyModule_AddObject(m, "Call", (PyObject *)&CallType) < 0) {
         Py_DECREF(&CallType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    /* NativeRequest.wait (engine.py binds it): an instance method, so that
+     * it is bound to the request as a def would be. */
+    PyObject *fn = PyCFunction_New(&wait_def, NULL), *meth = fn == NULL ? NULL : PyInstanceMethod_New(fn);
+    Py_XDECREF(fn);
+    if (meth == NULL || PyModule_AddObject(m, "request_wait", meth) < 0) {
+        Py_XDECREF(meth);
         Py_DECREF(m);
         return NULL;
     }

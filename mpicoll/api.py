@@ -81,13 +81,20 @@ def _door(key, comm, args, build, blocking: bool, mode=0):
             else:
                 got = fast.start_kept(*args)
                 if got is not _MISS:
-                    return _engine.start_native(got[1], got[0], None, args[0].nbytes, k.st)
+                    return got if type(got) is not tuple else started_long(got, args[0], k.st)
         res = k(*args) if blocking else k.start(*args)
         if res is not _MISS:
             return res
     plan = build(not blocking)
     _keep(plan, key, mode)
     return plan.run() if blocking else plan.start()
+
+
+def started_long(got, x, st):
+    """A gated call's start_kept returns the request it made in C, or for a
+    long call (result, Req): handed to the engine here, which lists it for
+    the progress thread (engine.start_native)."""
+    return _engine.start_native(got[1], got[0], None, x.nbytes, st)
 
 
 def _mode(x, out) -> int:
@@ -307,7 +314,22 @@ def iallreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", dtype=None
         # may decide otherwise for a nonblocking call (select: shm's C path
         # is blocking only)
         mode = 0 if out is None else 1 if out is x else 2
-        key = ("iallreduce", x.shape, x.dtype, o, algorithm, mode) + extra
+        key = ("iallreduce", x.shape, x.dtype, o, algorithm, mode)
+        if extra:
+            key += extra
+        # The kept call started whole in C where it is gated (the request
+        # made there too): _door's first branch, written out as allreduce's.
+        if comm is None:
+            st = _by_handle.get(_WORLD_HANDLE)
+        else:
+            st = _by_handle.get(comm.handle) if isinstance(comm, MPI.Comm) else None
+        if st is not None:
+            k = st.plans._d.get(key)
+            if k is not None and k.fast is not None:
+                got = k.fast.start_kept(x, out)
+                if got is not _MISS:
+                    st.plans._d.move_to_end(key)
+                    return got if type(got) is not tuple else started_long(got, x, st)
         return _door(key, comm, (x, out), lambda nb: _plan.allreduce(
             x, op, comm=comm, out=out, algorithm=algorithm, dtype=dtype, check=check, nonblocking=nb), False, mode)
     return _plan.allreduce(x, op, comm=comm, out=out, algorithm=algorithm, dtype=dtype, compression=compression,

@@ -26,10 +26,15 @@ import os
 
 from mpi4py import MPI
 
+from . import engine
 from .executor import library_module
 
 _mod, _why = library_module("_native")
 _enabled = os.environ.get("MPICOLL_NATIVE", "1").strip().lower() not in ("0", "false", "no", "off")
+if _mod is not None and _enabled:
+    # Short native requests made and waited for in C (engine.use_native);
+    # with MPICOLL_NATIVE=0 the engine's Python does it all.
+    engine.use_native(_mod)
 
 # The kinds of call (csrc/native.c's enum; None where the module is absent).
 # PROGRAM: a compiled schedule's blocking run (executor.Executable.gate).

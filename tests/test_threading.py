@@ -399,3 +399,119 @@ def test_torch_futures_complete_through_the_engine(mode):
         dist.destroy_process_group()
         comm.Barrier()
         engine.set_progress_thread(was)
+
+
+def _c_requests() -> bool:
+    """Whether short native requests are made and waited for in C
+    (csrc/native.c, bound by engine.use_native)."""
+    return native.enabled() and engine.NativeRequest.wait is not engine.NativeRequest._wait_py
+
+
+@pytest.mark.parametrize("mode", ["thread", "no-thread"])
+def test_short_native_requests_made_and_waited_in_c_keep_the_contract(mode, monkeypatch):
+    """A repeated short ``iallreduce``/``ibcast`` of the library's algorithm
+    is started whole in C, its request made there (no engine.start_native),
+    and its wait() runs the engine's alone path in C. It keeps every rule
+    of the Python path: the communicator's state held once and released
+    once (a missed release would grow it), callbacks run before wait()
+    returns, a wait with a scheduled request in flight goes through the
+    engine (opposite orders on the ranks: blocking in MPI_Wait would
+    deadlock), a freed communicator's duplicate lives until the request
+    completes."""
+    if not _c_requests():
+        pytest.skip("native calls not built or turned off")
+    world = MPI.COMM_WORLD
+    p, rank = world.size, world.rank
+    was = engine._engine.enabled
+    engine.set_progress_thread(mode == "thread")
+    started = []
+    real = engine.start_native
+    monkeypatch.setattr(engine, "start_native", lambda *a, **k: started.append(a) or real(*a, **k))
+    comm = world.Dup()
+    try:
+        inputs = [exact_values("float64", "sum", 3, 5 * r + 1) for r in range(p)]
+        want = reference(inputs, "sum", p)
+        st = _comm.state(comm)
+        out = np.empty(3)
+        for i in range(6):  # the first calls keep and gate the signature; then C serves it
+            held = st.pending
+            req = mpicoll.iallreduce(inputs[rank], comm=comm, out=out, algorithm="mpi")
+            assert type(req) is engine.NativeRequest or p == 1
+            fired = []
+            req.add_done_callback(lambda r: fired.append(r.done or r._finished))
+            assert req.wait() is out
+            np.testing.assert_array_equal(out, want)
+            assert fired == [True] and req.done and st.pending == held
+            b = np.full(4, float(rank))
+            got = mpicoll.ibcast(b, 1 % p, comm=comm).wait()
+            assert got is b and b.tolist() == [float(1 % p)] * 4 and st.pending == held
+        n_started = len(started)
+        for i in range(3):
+            # plain wait()s, no callbacks: the C path whole
+            req = mpicoll.iallreduce(inputs[rank], comm=comm, out=out, algorithm="mpi")
+            assert req.wait() is out and req.done and st.pending == 0
+            np.testing.assert_array_equal(out, want)
+        assert len(started) == n_started, "a gated short call went through engine.start_native"
+        # With a scheduled request in flight: rank 0 waits for its short
+        # request first, while the others finish the scheduled one before
+        # they even start theirs; rank 0 blocking in MPI_Wait would hang.
+        big = [exact_values("float32", "sum", 50001, 3 * r) for r in range(p)]
+        ring = mpicoll.iallreduce(big[rank], comm=comm, algorithm="ring")
+        if rank == 0:
+            mpicoll.iallreduce(inputs[rank], comm=comm, out=out, algorithm="mpi").wait()
+            ring.wait()
+        else:
+            ring.wait()
+            mpicoll.iallreduce(inputs[rank], comm=comm, out=out, algorithm="mpi").wait()
+        np.testing.assert_array_equal(ring.result, reference(big, "sum", p))
+        np.testing.assert_array_equal(out, want)
+        assert st.pending == 0
+        # the user's communicator freed with a C-made request pending
+        req = mpicoll.iallreduce(inputs[rank], comm=comm, out=out, algorithm="mpi")
+        comm.Free()
+        assert st.freed
+        if not req.done:
+            assert st.comm != MPI.COMM_NULL, "the duplicate was freed with a request pending"
+        assert req.wait() is out
+        np.testing.assert_array_equal(out, want)
+        assert st.pending == 0 and st.comm == MPI.COMM_NULL
+    finally:
+        if comm != MPI.COMM_NULL:
+            comm.Free()
+        world.Barrier()
+        engine.set_progress_thread(was)
+
+
+class _Failing:
+    """An MPI request stand-in whose MPI_Wait fails."""
+
+    def Test(self):  # noqa: N802
+        return False
+
+    def Wait(self):  # noqa: N802
+        raise ValueError("the library's wait failed")
+
+
+class _Complete:
+    def Test(self):  # noqa: N802
+        return True
+
+    def Wait(self):  # noqa: N802
+        return True
+
+
+def test_native_wait_in_c_records_errors_and_runs_finishes_once():
+    """The C wait's other roads: the library's error is recorded on that
+    request (raised by its wait(), the request complete and out of the
+    engine's list), and a request with finishing work goes through
+    the Python wait, which runs it exactly once."""
+    if not _c_requests():
+        pytest.skip("native calls not built or turned off")
+    req = engine.NativeRequest(_Failing())
+    with pytest.raises(ValueError, match="wait failed"):
+        req.wait()
+    assert req.done and req not in engine._engine.active
+    assert req.wait() is None  # raised once, as every request's error (Request._raise)
+    ran = []
+    req = engine.NativeRequest(_Complete(), "r", finish=lambda: ran.append(1))
+    assert req.wait() == "r" and req.wait() == "r" and ran == [1] and req.done
