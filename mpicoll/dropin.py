@@ -90,12 +90,12 @@ from . import arguments as _args
 from .buffers import may_share_memory as _share
 from .persistent import Persistent
 from . import api as _api
-from .commstate import state, wait_until
+from .commstate import _by_handle, state, wait_until
 # Buffer-spec parsing (specs.py) and the MPI type tables (mpitypes.py) live
 # in their own modules; this one holds the Comm class and its fast path.
 from .specs import (PLAIN_KINDS, _check_pair, _format_type, _in_place, _in_place_arg, _index, apart, parse, parse_v,
                     plain, plain_rooted, plain_v)
-from .plancache import counts_key
+from .plancache import MISS as _MISS, counts_key
 from .mpitypes import Native as _Native, kernel_dtype as _kernel_dtype, type_info as _type_info
 
 __all__ = ["Comm", "count_calls"]
@@ -812,25 +812,97 @@ class Comm(MPI.Intracomm):
 #     def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM, *, algorithm="auto"):
 #         return self._allreduce(sendbuf, recvbuf, op, algorithm, "run")
 #
-# (the _init form takes mpi4py's ``info`` after the others). They are written
+# (the _init form takes mpi4py's ``info`` after the others; a row's short
+# path, where it has one, is tried first in the blocking and I-forms). They are written
 # out as source and compiled once at import, as namedtuple and dataclasses
 # do: a real signature (mpi4py's TypeError for a wrong call, help() and
 # inspect show it) at the cost of a plain method call.
 _METHODS = (
-    ("Allreduce", "sendbuf, recvbuf, op=MPI.SUM", "_allreduce", ""),
-    ("Reduce", "sendbuf, recvbuf, op=MPI.SUM, root=0", "_reduce", ""),
-    ("Reduce_scatter_block", "sendbuf, recvbuf, op=MPI.SUM", "_reduce_scatter_block", ""),
-    ("Reduce_scatter", "sendbuf, recvbuf, recvcounts=None, op=MPI.SUM", "_reduce_scatter", ""),
-    ("Bcast", "buf, root=0", "_bcast", ""),
-    ("Allgather", "sendbuf, recvbuf", "_allgather", ""),
-    ("Scatter", "sendbuf, recvbuf, root=0", "_scatter", "'Scatter', "),
-    ("Scatterv", "sendbuf, recvbuf, root=0", "_scatter", "'Scatterv', "),
-    ("Gather", "sendbuf, recvbuf, root=0", "_gather", "'Gather', "),
-    ("Gatherv", "sendbuf, recvbuf, root=0", "_gather", "'Gatherv', "),
-    ("Allgatherv", "sendbuf, recvbuf", "_allgatherv", ""),
-    ("Alltoall", "sendbuf, recvbuf", "_alltoall", "'Alltoall', "),
-    ("Alltoallv", "sendbuf, recvbuf", "_alltoall", "'Alltoallv', "),
+    ("Allreduce", "sendbuf, recvbuf, op=MPI.SUM", "_allreduce", "", "_short_allreduce"),
+    ("Reduce", "sendbuf, recvbuf, op=MPI.SUM, root=0", "_reduce", "", None),
+    ("Reduce_scatter_block", "sendbuf, recvbuf, op=MPI.SUM", "_reduce_scatter_block", "", None),
+    ("Reduce_scatter", "sendbuf, recvbuf, recvcounts=None, op=MPI.SUM", "_reduce_scatter", "", None),
+    ("Bcast", "buf, root=0", "_bcast", "", "_short_bcast"),
+    ("Allgather", "sendbuf, recvbuf", "_allgather", "", None),
+    ("Scatter", "sendbuf, recvbuf, root=0", "_scatter", "'Scatter', ", None),
+    ("Scatterv", "sendbuf, recvbuf, root=0", "_scatter", "'Scatterv', ", None),
+    ("Gather", "sendbuf, recvbuf, root=0", "_gather", "'Gather', ", None),
+    ("Gatherv", "sendbuf, recvbuf, root=0", "_gather", "'Gatherv', ", None),
+    ("Allgatherv", "sendbuf, recvbuf", "_allgatherv", "", None),
+    ("Alltoall", "sendbuf, recvbuf", "_alltoall", "'Alltoall', ", None),
+    ("Alltoallv", "sendbuf, recvbuf", "_alltoall", "'Alltoallv', ", None),
 )
+
+
+# ---- the short paths: a kept signature's C call, first ---------------------------
+# A repeated Allreduce/Bcast (or its I-form) on plain 1-d arrays ends,
+# through _allreduce/_bcast, _door and the api function, in the kept
+# entry's C call (kept._gate), which makes every check its own run needs;
+# those frames cost ~1.5 us on a ~2 us call. These find the same kept entry
+# (the key the api door filed it under) straight away and return what the
+# method returns (None; the request); MISS, for anything else or a call C
+# does not take, goes the usual way, which decides and raises.
+
+def _short_allreduce(comm, sendbuf, recvbuf, op, algorithm, mode):
+    if type(recvbuf) is not np.ndarray or type(op) is not MPI.Op or recvbuf.ndim != 1 \
+            or type(algorithm) is not str or _calls is not None:
+        return _MISS
+    name = _FAST_OPS.get((recvbuf.dtype, op.handle))  # (filled by _fast_op, below, on a first call)
+    if name is None:
+        return _MISS
+    if sendbuf is recvbuf or sendbuf is MPI.IN_PLACE or sendbuf is None:
+        x, in_place = recvbuf, 1
+    elif type(sendbuf) is np.ndarray and sendbuf.dtype == recvbuf.dtype and sendbuf.shape == recvbuf.shape:
+        x, in_place = sendbuf, 2  # (api's modes: 1 out is x, 2 another out)
+    else:
+        return _MISS
+    st = _by_handle.get(comm.handle)
+    if st is None:
+        return _MISS
+    run = mode == "run"
+    plans = st.plans._d
+    key = ("allreduce" if run else "iallreduce", recvbuf.shape, recvbuf.dtype, name, algorithm, in_place)
+    k = plans.get(key)
+    if k is None or k.fast is None:
+        return _MISS
+    if run:
+        if k.fast(x, recvbuf) is _MISS:
+            return _MISS
+        got = None
+    else:
+        got = k.fast.start_kept(x, recvbuf)
+        if got is _MISS:
+            return _MISS
+        if type(got) is tuple:
+            got = _api.started_long(got, x, st)
+    plans.move_to_end(key)
+    return got
+
+
+def _short_bcast(comm, buf, root, algorithm, mode):
+    if type(buf) is not np.ndarray or type(root) is not int or type(algorithm) is not str \
+            or _calls is not None or buf.dtype.kind not in PLAIN_KINDS:
+        return _MISS
+    st = _by_handle.get(comm.handle)
+    if st is None:
+        return _MISS
+    plans, key = st.plans._d, ("bcast", buf.shape, buf.dtype, root, algorithm)
+    k = plans.get(key)
+    if k is None or k.fast is None:
+        return _MISS
+    if mode == "run":
+        if k.fast(buf) is _MISS:
+            return _MISS
+        got = None
+    else:
+        got = k.fast.start_kept(buf)
+        if got is _MISS:
+            return _MISS
+        if type(got) is tuple:
+            got = _api.started_long(got, buf, st)
+    plans.move_to_end(key)
+    return got
+
 
 _DOCS = {
     "run": "mpi4py's ``{name}`` on mpicoll (the module docstring says what is accepted); ``algorithm=`` "
@@ -844,14 +916,20 @@ _DOCS = {
 
 
 def _define_methods(cls) -> None:
-    for base, params, impl, lead in _METHODS:
+    for base, params, impl, lead, short in _METHODS:
         args = ", ".join(a.split("=")[0] for a in params.split(", "))
         for mode in ("run", "start", "init"):
             name = _method(base, mode)
             extra, info = (", info=MPI.INFO_NULL", ", info") if mode == "init" else ("", "")
-            src = (f"def {name}(self, {params}{extra}, *, algorithm='auto'):\n"
-                   f"    return self.{impl}({lead}{args}, algorithm, {mode!r}{info})\n")
-            scope = {"MPI": MPI}
+            src = f"def {name}(self, {params}{extra}, *, algorithm='auto'):\n"
+            if short is not None and mode != "init":
+                src += (f"    got = {short}(self, {args}, algorithm, {mode!r})\n"
+                        f"    if got is not _MISS:\n"
+                        f"        return got\n")
+            src += f"    return self.{impl}({lead}{args}, algorithm, {mode!r}{info})\n"
+            scope = {"MPI": MPI, "_MISS": _MISS}
+            if short is not None:
+                scope[short] = globals()[short]
             exec(compile(src, f"<mpicoll.Comm.{name}>", "exec"), scope)
             fn = scope[name]
             fn.__module__, fn.__qualname__ = cls.__module__, f"{cls.__name__}.{name}"

@@ -254,3 +254,58 @@ def test_dropin_fast_and_general_paths_agree_across_ranks(comm, size):
         # others in the next round's collectives).
         everyone = comm.allgather(wrong)
         assert not any(everyone), {q: w for q, w in enumerate(everyone) if w}
+
+
+@pytest.mark.parametrize("algorithm", ["auto", "mpi", "recursive_doubling"])
+def test_dropin_short_paths_serve_every_allreduce_and_bcast_form(comm, algorithm, monkeypatch):
+    """Allreduce/Iallreduce and Bcast/Ibcast on plain 1-d arrays are served,
+    once their signature is kept (and gated), by the kept entry's C call
+    straight from the method (dropin._short_allreduce/_short_bcast), in
+    every buffer form: a separate send buffer (the most usual, and the one
+    a mix-up with in place would get wrong), MPI.IN_PLACE, the receive
+    buffer passed as send buffer, None. Each round uses new values, and
+    mpi4py's own method on the same arrays is the reference; from the
+    fourth round on, no call reaches the general path's door."""
+    from mpicoll import dropin
+
+    p, r = comm.size, comm.rank
+    mc = mpicoll.Comm(comm)
+    doors = []
+    real = dropin._door
+    monkeypatch.setattr(dropin, "_door", lambda *a, **k: doors.append(a[:2]) or real(*a, **k))
+
+    def allreduce(c, form, i, start):
+        y = np.arange(5, dtype=np.float64) * (r + 1) + i
+        x = y.copy() + 0.5 * r
+        send = {"apart": x, "in_place": MPI.IN_PLACE, "same": y, "none": None}[form]
+        if form in ("same", "none") and c is comm:
+            send = MPI.IN_PLACE  # (MPI itself refuses aliased buffers: its spelling of in place)
+        kw = {} if c is comm else {"algorithm": algorithm}
+        if start:
+            c.Iallreduce(send, y, MPI.SUM, **kw).Wait()
+        else:
+            c.Allreduce(send, y, MPI.SUM, **kw)
+        return y
+
+    def bcast(c, start, i):
+        b = np.full(3, float(r * 10 + i))
+        kw = {} if c is comm else {"algorithm": "auto"}
+        (c.Ibcast(b, p - 1, **kw).Wait() if start else c.Bcast(b, p - 1, **kw))
+        return b
+
+    for i in range(6):
+        if i == 3:
+            doors.clear()
+        for form in ("apart", "in_place", "same", "none"):
+            for start in (False, True):
+                got, want = allreduce(mc, form, i, start), allreduce(comm, form, i, start)
+                np.testing.assert_array_equal(got, want, err_msg=f"{form}, start={start}, round {i}")
+        for start in (False, True):
+            np.testing.assert_array_equal(bcast(mc, start, i), bcast(comm, start, i))
+    from mpicoll import native
+    if native.enabled() and p > 1 and algorithm != "recursive_doubling":
+        assert doors == [], doors
+    elif native.enabled() and p > 1:
+        # a compiled program is gated for blocking calls only (its I-form is
+        # a request of the engine's): the I-calls still come through
+        assert all(d == ("Allreduce", "start") for d in doors), doors
