@@ -742,10 +742,10 @@ static PyObject *Call_fits(Call *self, PyObject *const *args, Py_ssize_t nargs) 
     Py_RETURN_TRUE;
 }
 
-/* ---- a kept all-reduce's (or bcast's) short path, whole (kept.KeptAllreduce.__call__) ----
+/* ---- a kept all-reduce's (bcast's, alltoall's) short path, whole (kept.KeptAllreduce.__call__) ----
  *
  * gate(st, kept, env_data, engine, miss) binds the object to a kept
- * all-reduce (or bcast) of the library's algorithm: its communicator's state (the
+ * all-reduce (bcast, alltoall) of the library's algorithm: its communicator's state (the
  * one-thread gate ``busy``, the call numbers), the environment it was
  * decided under and the engine (callbacks running). Then calling the object
  * with (x, out) does what KeptAllreduce.__call__ does for such a call - the
@@ -816,10 +816,11 @@ static PyObject *Call_gate(Call *self, PyObject *const *args, Py_ssize_t nargs) 
         PyErr_SetString(PyExc_TypeError, "mpicoll native: gate(st, kept, env_data, engine, miss)");
         return NULL;
     }
-    if (self->kind != K_ALLREDUCE && self->kind != K_BCAST && !(self->kind == K_PROGRAM && self->xrun != NULL)) {
+    if (self->kind != K_ALLREDUCE && self->kind != K_BCAST && self->kind != K_ALLTOALL
+        && !(self->kind == K_PROGRAM && self->xrun != NULL)) {
         PyErr_SetString(PyExc_ValueError,
-                        "mpicoll native: only an all-reduce's, a bcast's or a program's Call (program() first) "
-                        "takes a gate");
+                        "mpicoll native: only an all-reduce's, a bcast's, an alltoall's or a program's Call "
+                        "(program() first) takes a gate");
         return NULL;
     }
     PyObject *st = args[0], *kept = args[1];
@@ -1109,8 +1110,9 @@ static int usual(Call *self) {
     return running ? (running < 0 ? -1 : 0) : 1;
 }
 
-/* The kept all-reduce on (x, out), blocking (returns the result) or started
- * (F_START: returns (result, Req)); ``miss`` for anything unusual. */
+/* The kept all-reduce (bcast, alltoall) on (x, out), blocking (returns the
+ * result) or started (F_START: see start_kept); ``miss`` for anything
+ * unusual. */
 static PyObject *kept_run(Call *self, PyObject *xo, PyObject *oo, int form) {
     if (self->st == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "mpicoll native: call a Call only after gate()");
@@ -1146,7 +1148,8 @@ static PyObject *kept_run(Call *self, PyObject *xo, PyObject *oo, int form) {
         if (out == NULL)
             return NULL;
     } else if (self->mode == 1) {
-        if (!(PyArray_FLAGS(x) & NPY_ARRAY_WRITEABLE))
+        /* (kept.KeptAlltoall takes no out that overlaps x: the Python path) */
+        if (!(PyArray_FLAGS(x) & NPY_ARRAY_WRITEABLE) || self->kind == K_ALLTOALL)
             goto miss;
         out = x;
         Py_INCREF(out);
@@ -1292,7 +1295,8 @@ static PyMethodDef Call_methods[] = {
      "program(xrun, state, steps, nsteps, lists, scratch, info, op, dtype, comm, nbytes, exe, kit): a program's "
      "Call runs this executor program (gate() it, then call it)."},
     {"gate", (PyCFunction)(void (*)(void))Call_gate, METH_FASTCALL,
-     "gate(st, kept, env_data, engine, miss): bind a kept all-reduce's state; then call the object with (x, out)."},
+     "gate(st, kept, env_data, engine, miss): bind a kept all-reduce's (bcast's, alltoall's) state; then call the "
+     "object with (x, out)."},
     {"start", (PyCFunction)(void (*)(void))Call_start, METH_FASTCALL,
      "start(sbuf, rbuf) -> Req: the I-call on these arrays, started."},
     {"init", (PyCFunction)(void (*)(void))Call_persistent, METH_FASTCALL,

@@ -110,8 +110,8 @@ class _KeptCall(_Kept):
     __slots__ = ("call", "mode", "nat", "fast")
 
     # Whether nat, once a call ran through it, is gated to run the whole
-    # call in C (csrc/native.c: bcast's, whose checks it knows); the front
-    # door then calls ``fast`` first (api._door).
+    # call in C (csrc/native.c: bcast's and alltoall's, whose checks it
+    # knows); the front door then calls ``fast`` first (api._door).
     GATED = False
 
     def __init__(self, st, call):
@@ -657,7 +657,10 @@ class KeptGather(_KeptRooted):
 
 class KeptAlltoall(_KeptCall):
     """alltoall: MPI_Alltoall of equal byte blocks between the call's arrays
-    (out apart from x; one rank copies)."""
+    (out apart from x; one rank copies). Gated (csrc/native.c knows its
+    checks: x's shape for a new out, else an out apart from x)."""
+
+    GATED = True
 
     __slots__ = ("block",)
 

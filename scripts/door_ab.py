@@ -50,6 +50,7 @@ def doors(comm, n: int):
         ("Comm.Allreduce(x, y)", lambda: mc.Allreduce(x, y), lambda: comm.Allreduce(x, y)),
         ("Comm.Iallreduce(x, y).Wait()", lambda: mc.Iallreduce(x, y).Wait(), lambda: comm.Iallreduce(x, y).Wait()),
         ("Comm.Bcast(x, 0)", lambda: mc.Bcast(b, 0), lambda: comm.Bcast(b, 0)),
+        ("Comm.Ibcast(x, 0).Wait()", lambda: mc.Ibcast(b, 0).Wait(), lambda: comm.Ibcast(b, 0).Wait()),
         ("forced recursive_doubling", lambda: mpicoll.allreduce(x, out=y, algorithm="recursive_doubling"),
          lambda: comm.Allreduce(x, y)),
         ("forced ring", lambda: mpicoll.allreduce(x, out=y, algorithm="ring"), lambda: comm.Allreduce(x, y)),

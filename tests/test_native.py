@@ -423,6 +423,48 @@ def test_kept_bcast_runs_whole_in_c(comm):
     comm.Barrier()
 
 
+def test_kept_alltoall_runs_whole_in_c(comm):
+    """alltoall's kept call, blocking and started, new out and given out,
+    whole in C from its third call: mpi4py's result, one number per call;
+    an out that overlaps x, a wrong shape or a read-only out goes back to
+    the Python path, which stages or refuses it as before."""
+    if comm.size == 1:
+        pytest.skip("one rank: nothing is exchanged")
+    p, r = comm.size, comm.rank
+    st = state(comm)
+
+    def want(x):
+        g = np.empty_like(x)
+        comm.Alltoall(x, g)
+        return g
+
+    for i in range(4):
+        x = (np.arange(3 * p, dtype=np.int64) * (r + 1) + i).reshape(p, 3)
+        before = st.seq
+        got = mpicoll.alltoall(x, comm=comm)
+        assert st.seq == before + 1
+        np.testing.assert_array_equal(got, want(x))
+        out = np.full((p, 3), -1, np.int64)
+        assert mpicoll.alltoall(x, comm=comm, out=out) is out
+        np.testing.assert_array_equal(out, want(x))
+        out = np.full((p, 3), -1, np.int64)
+        assert mpicoll.ialltoall(x, comm=comm, out=out).wait() is out
+        np.testing.assert_array_equal(out, want(x))
+    fast = {key[-1]: k.fast for key, k in st.plans._d.items() if key[0] == "alltoall"}
+    assert set(fast) == {0, 2} and all(f is not None for f in fast.values()), fast
+    x = (np.arange(3 * p, dtype=np.int64) + 10 * r).reshape(p, 3)
+    w = want(x)
+    big = np.zeros(2 * 3 * p, np.int64)
+    overlapping = big[:3 * p].reshape(p, 3)
+    big[:3 * p] = x.ravel()
+    np.testing.assert_array_equal(mpicoll.alltoall(big[:3 * p].reshape(p, 3), comm=comm, out=overlapping), w)
+    ro = np.empty((p, 3), np.int64)
+    ro.flags.writeable = False
+    with pytest.raises((ValueError, TypeError)):  # the full path's error for a read-only out, every rank
+        mpicoll.alltoall(x, comm=comm, out=ro)
+    comm.Barrier()
+
+
 def test_rooted_calls_copy_roots_block_through_the_library(comm):
     """gatherv/scatterv at the root: a block array apart from the whole
     buffer is sent or received by the library itself; one inside it (or
