@@ -318,18 +318,12 @@ def iallreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", dtype=None
         if extra:
             key += extra
         # The kept call started whole in C where it is gated (the request
-        # made there too): _door's first branch, written out as allreduce's.
-        if comm is None:
-            st = _by_handle.get(_WORLD_HANDLE)
-        else:
-            st = _by_handle.get(comm.handle) if isinstance(comm, MPI.Comm) else None
-        if st is not None:
-            k = st.plans._d.get(key)
-            if k is not None and k.fast is not None:
-                got = k.fast.start_kept(x, out)
-                if got is not _MISS:
-                    st.plans._d.move_to_end(key)
-                    return got if type(got) is not tuple else started_long(got, x, st)
+        # made there too): _door's first branch, without its frame.
+        k = _kept(comm, key)
+        if k is not None and k.fast is not None:
+            got = k.fast.start_kept(x, out)
+            if got is not _MISS:
+                return got if type(got) is not tuple else started_long(got, x, k.st)
         return _door(key, comm, (x, out), lambda nb: _plan.allreduce(
             x, op, comm=comm, out=out, algorithm=algorithm, dtype=dtype, check=check, nonblocking=nb), False, mode)
     return _plan.allreduce(x, op, comm=comm, out=out, algorithm=algorithm, dtype=dtype, compression=compression,

@@ -856,50 +856,38 @@ def _short_allreduce(comm, sendbuf, recvbuf, op, algorithm, mode):
         x, in_place = sendbuf, 2  # (api's modes: 1 out is x, 2 another out)
     else:
         return _MISS
-    st = _by_handle.get(comm.handle)
-    if st is None:
-        return _MISS
-    run = mode == "run"
-    plans = st.plans._d
-    key = ("allreduce" if run else "iallreduce", recvbuf.shape, recvbuf.dtype, name, algorithm, in_place)
-    k = plans.get(key)
-    if k is None or k.fast is None:
-        return _MISS
-    if run:
-        if k.fast(x, recvbuf) is _MISS:
-            return _MISS
-        got = None
-    else:
-        got = k.fast.start_kept(x, recvbuf)
-        if got is _MISS:
-            return _MISS
-        if type(got) is tuple:
-            got = _api.started_long(got, x, st)
-    plans.move_to_end(key)
-    return got
+    key = ("allreduce" if mode == "run" else "iallreduce", recvbuf.shape, recvbuf.dtype, name, algorithm, in_place)
+    return _gated(comm, key, mode, x, recvbuf)
 
 
 def _short_bcast(comm, buf, root, algorithm, mode):
     if type(buf) is not np.ndarray or type(root) is not int or type(algorithm) is not str \
             or _calls is not None or buf.dtype.kind not in PLAIN_KINDS:
         return _MISS
+    return _gated(comm, ("bcast", buf.shape, buf.dtype, root, algorithm), mode, buf)
+
+
+def _gated(comm, key, mode, x, *out):
+    """The kept entry of ``key`` on ``comm``, gated whole in C, run
+    ("run": None) or started ("start": its request) on ``x`` (and
+    ``out``); MISS when there is none or C does not take the call."""
     st = _by_handle.get(comm.handle)
     if st is None:
         return _MISS
-    plans, key = st.plans._d, ("bcast", buf.shape, buf.dtype, root, algorithm)
+    plans = st.plans._d
     k = plans.get(key)
     if k is None or k.fast is None:
         return _MISS
     if mode == "run":
-        if k.fast(buf) is _MISS:
+        if k.fast(x, *out) is _MISS:
             return _MISS
         got = None
     else:
-        got = k.fast.start_kept(buf)
+        got = k.fast.start_kept(x, *out)
         if got is _MISS:
             return _MISS
         if type(got) is tuple:
-            got = _api.started_long(got, buf, st)
+            got = _api.started_long(got, x, st)
     plans.move_to_end(key)
     return got
 
