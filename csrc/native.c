@@ -81,6 +81,8 @@ typedef struct {
      * the communicator's state and the facts kept.py checks on every call. */
     PyObject *st, *busy, *numbers, *env_data, *env_keys, *env_vals, *engine, *miss;
     int mode; /* kept.py's: 0 no out, 1 out is x, 2 another out */
+    int gnd;                   /* K_GATHERV: root's result shape (kept.KeptGather.shape) */
+    npy_intp gdims[NPY_MAXDIMS];
     /* K_PROGRAM (program()): one executor.Executable's program and the kit
      * of its blocking runs - what Executable.run passes to mpicoll_x_run -
      * and the two objects that own what the pointers point into. */
@@ -816,14 +818,32 @@ static PyObject *Call_gate(Call *self, PyObject *const *args, Py_ssize_t nargs) 
         PyErr_SetString(PyExc_TypeError, "mpicoll native: gate(st, kept, env_data, engine, miss)");
         return NULL;
     }
-    if (self->kind != K_ALLREDUCE && self->kind != K_BCAST && self->kind != K_ALLTOALL
+    if (self->kind != K_ALLREDUCE && self->kind != K_BCAST && self->kind != K_ALLTOALL && self->kind != K_GATHERV
         && !(self->kind == K_PROGRAM && self->xrun != NULL)) {
         PyErr_SetString(PyExc_ValueError,
-                        "mpicoll native: only an all-reduce's, a bcast's, an alltoall's or a program's Call "
-                        "(program() first) takes a gate");
+                        "mpicoll native: only an all-reduce's, a bcast's, an alltoall's, a gather's or a program's "
+                        "Call (program() first) takes a gate");
         return NULL;
     }
     PyObject *st = args[0], *kept = args[1];
+    if (self->kind == K_GATHERV) {
+        /* root's result shape, for a new out */
+        PyObject *shape = PyObject_GetAttrString(kept, "shape");
+        if (shape == NULL)
+            return NULL;
+        int ok = PyTuple_Check(shape) && PyTuple_GET_SIZE(shape) <= NPY_MAXDIMS;
+        for (Py_ssize_t i = 0; ok && i < PyTuple_GET_SIZE(shape); i++) {
+            self->gdims[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, i));
+            ok = !(self->gdims[i] < 0);
+        }
+        self->gnd = ok ? (int)PyTuple_GET_SIZE(shape) : 0;
+        Py_DECREF(shape);
+        if (!ok) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_TypeError, "mpicoll native: gate() got a gather whose shape it cannot read");
+            return NULL;
+        }
+    }
     PyObject *busy = PyObject_GetAttr(st, s_busy), *numbers = PyObject_GetAttr(st, s_numbers);
     PyObject *vals = PyObject_GetAttr(kept, s_env), *keys = PyObject_GetAttr(kept, s_env_keys);
     PyObject *mode = PyObject_GetAttr(kept, s_mode), *span = PyObject_GetAttr(st, s_tag_span);
@@ -1140,6 +1160,35 @@ static PyObject *kept_run(Call *self, PyObject *xo, PyObject *oo, int form) {
             goto miss;
         out = x;
         Py_INCREF(out);
+    } else if (self->kind == K_GATHERV) {
+        /* kept.KeptGather: no result off root; at root a new out of the
+         * kept shape, or a given one that takes it, with x apart from it or
+         * exactly root's block of it (in place) */
+        if (self->rank != self->root) {
+            out = (PyArrayObject *)Py_None; /* (only ever passed on and returned as an object) */
+            Py_INCREF(Py_None);
+        } else if (oo == Py_None) {
+            PyArray_Descr *d = PyArray_DESCR(x);
+            Py_INCREF(d);
+            out = (PyArrayObject *)PyArray_NewFromDescr(&PyArray_Type, d, self->gnd, self->gdims, NULL, NULL, 0, NULL);
+            if (out == NULL)
+                return NULL;
+        } else {
+            if (!PyArray_CheckExact(oo))
+                goto miss;
+            PyArrayObject *o = (PyArrayObject *)oo;
+            int want = NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | NPY_ARRAY_WRITEABLE;
+            if ((PyArray_FLAGS(o) & want) != want || PyArray_NDIM(o) != self->gnd
+                || !PyArray_CompareLists(PyArray_DIMS(o), self->gdims, self->gnd)
+                || (PyArray_DESCR(o) != PyArray_DESCR(x) && !PyArray_EquivTypes(PyArray_DESCR(o), PyArray_DESCR(x))))
+                goto miss;
+            if (PyArray_NBYTES(x) > 0 && overlaps(x, o)
+                && (PyArray_BYTES(x) != PyArray_BYTES(o) + self->displs[self->root]
+                    || PyArray_NBYTES(x) != self->counts[self->root]))
+                goto miss;
+            out = o;
+            Py_INCREF(out);
+        }
     } else if (self->mode == 0) {
         PyArray_Descr *d = PyArray_DESCR(x);
         Py_INCREF(d);

@@ -110,8 +110,8 @@ class _KeptCall(_Kept):
     __slots__ = ("call", "mode", "nat", "fast")
 
     # Whether nat, once a call ran through it, is gated to run the whole
-    # call in C (csrc/native.c: bcast's and alltoall's, whose checks it
-    # knows); the front door then calls ``fast`` first (api._door).
+    # call in C (csrc/native.c: bcast's, alltoall's and gather's, whose
+    # checks it knows); the front door then calls ``fast`` first (api._door).
     GATED = False
 
     def __init__(self, st, call):
@@ -616,9 +616,11 @@ class KeptScatter(_KeptRooted):
 class KeptGather(_KeptRooted):
     """gather(v): root places its own block (none to place when x already
     is that block of out), then MPI_Gatherv as the full path calls it; None
-    off root."""
+    off root. Gated (csrc/native.c knows its checks: root's out of
+    ``shape``, x apart from it or exactly root's block of it)."""
 
     NATIVE = _native.GATHERV
+    GATED = True
 
     def _bufs(self, x, out):
         if not self._usable(x):

@@ -465,6 +465,64 @@ def test_kept_alltoall_runs_whole_in_c(comm):
     comm.Barrier()
 
 
+def test_kept_gather_runs_whole_in_c(comm):
+    """gather's kept call, blocking and started, whole in C from its third
+    call: root gets mpi4py's rows in a new out, a given out, or with x as
+    its own row of out (in place); None elsewhere; one number per call. An
+    x that overlaps out elsewhere, or an out of the wrong shape, goes back to
+    the Python path, which refuses it as before."""
+    if comm.size == 1:
+        pytest.skip("one rank: nothing is exchanged")
+    p, r = comm.size, comm.rank
+    st = state(comm)
+    root = p - 1
+
+    def want(x):
+        g = np.empty((p,) + x.shape, x.dtype) if r == root else None
+        comm.Gather(x, g, root)
+        return g
+
+    def same(got, w):
+        if r != root:
+            assert got is None
+        else:
+            np.testing.assert_array_equal(got, w)
+
+    for i in range(4):
+        x = np.arange(3, dtype=np.int32) * (r + 1) + i
+        w = want(x)
+        before = st.seq
+        same(mpicoll.gather(x, root, comm=comm), w)
+        assert st.seq == before + 1
+        out = np.full((p, 3), -1, np.int32) if r == root else None
+        got = mpicoll.gather(x, root, comm=comm, out=out)
+        assert got is out
+        same(got, w)
+        out = np.full((p, 3), -1, np.int32) if r == root else None
+        same(mpicoll.igather(x, root, comm=comm, out=out).wait(), w)
+        if r == root:  # in place: x is root's own row of out
+            out = np.full((p, 3), -1, np.int32)
+            out[root] = x
+            same(mpicoll.gather(out[root], root, comm=comm, out=out), w)
+        else:
+            same(mpicoll.gather(x, root, comm=comm, out=None), w)
+    fast = [k.fast for key, k in st.plans._d.items() if key[0] == "gather"]
+    assert fast and all(f is not None for f in fast), fast
+    # at root, refused before any message (the others make no call): x
+    # inside out but not its own row; an out of the wrong shape
+    if r == root:
+        x = np.arange(3, dtype=np.int32)
+        out = np.full((p, 3), -1, np.int32)
+        with pytest.raises(ValueError, match="overlaps"):
+            mpicoll.gather(out[0 if root else 1], root, comm=comm, out=out)
+        with pytest.raises((ValueError, TypeError)):
+            mpicoll.gather(x, root, comm=comm, out=np.empty((p + 1, 3), np.int32))
+    comm.Barrier()
+    x = np.arange(3, dtype=np.int32) - r  # and the kept call still serves every rank
+    w = want(x)
+    same(mpicoll.gather(x, root, comm=comm, out=np.zeros((p, 3), np.int32) if r == root else None), w)
+
+
 def test_rooted_calls_copy_roots_block_through_the_library(comm):
     """gatherv/scatterv at the root: a block array apart from the whole
     buffer is sent or received by the library itself; one inside it (or
