@@ -58,6 +58,12 @@ def enabled() -> bool:
     return _enabled and _mod is not None
 
 
+def module():
+    """The built module where native calls are on at import, else None
+    (api.py's doors in C)."""
+    return _mod if _enabled and _mod is not None else None
+
+
 def set_enabled(on: bool) -> None:
     global _enabled
     _enabled = bool(on)

@@ -664,3 +664,80 @@ def test_a_failed_program_run_in_c_raises_on_every_rank_and_the_next_works(comm)
         out = np.empty_like(x)
         assert np.array_equal(mpicoll.allreduce(x, comm=comm, out=out, algorithm=name), np.full(4, 2.0))
     assert ka.exe.gated is ka.fast and kb.exe.gated is kb.fast
+
+
+def test_gated_doors_in_c_serve_the_usual_calls_and_hand_on_the_rest(comm, monkeypatch):
+    """mpicoll.allreduce/iallreduce/bcast/ibcast/alltoall are native.Door
+    objects (csrc/native.c) over their Python functions. A repeated call with
+    the usual arguments - positional or keyword op/root, comm, out (none,
+    in place, another array), algorithm - builds the key the function builds
+    and runs the gated call itself: no plan is built, nothing is handed to
+    the function (``fallbacks``), mpi4py's results. Every other call (an
+    MPI.Op, another keyword, a wrong argument) is handed to the function,
+    which serves or refuses it as before."""
+    doors = [mpicoll.allreduce, mpicoll.iallreduce, mpicoll.bcast, mpicoll.ibcast, mpicoll.alltoall]
+    if native.module() is None:
+        pytest.skip("native calls not built or turned off at import")
+    assert all(type(d) is native.module().Door for d in doors)
+    assert mpicoll.allreduce.__wrapped__.__name__ == "allreduce" and "Reduce" in mpicoll.allreduce.__doc__
+    import pickle
+    assert all(pickle.loads(pickle.dumps(d)) is d for d in doors)  # by name, as the functions were
+    from mpicoll import plan as _plan
+    built = []
+    for name in ("allreduce", "bcast", "alltoall"):
+        real = getattr(_plan, name)
+        monkeypatch.setattr(_plan, name, lambda *a, _r=real, _n=name, **k: built.append(_n) or _r(*a, **k))
+    p, r = comm.size, comm.rank
+    root = p - 1
+
+    def reduced(x, op=MPI.SUM):
+        w = np.empty_like(x)
+        comm.Allreduce(x, w, op)
+        return w
+
+    def calls(i):
+        x = np.arange(4, dtype=np.float64) * (r + 1) + i
+        o = np.empty(4)
+        y = x.copy()
+        xs = (np.arange(2 * p, dtype=np.int32) + 10 * r + i).reshape(p, 2)
+        g = np.empty_like(xs)
+        comm.Alltoall(xs, g)
+        b = np.full(3, float(r + i))
+        a2 = np.empty_like(xs)
+
+        def given(res, out):  # a call given ``out`` returns it (None fails the comparison)
+            return res if res is out else None
+
+        return [
+            (lambda: mpicoll.allreduce(x, comm=comm), reduced(x)),
+            (lambda: given(mpicoll.allreduce(x, "max", comm=comm, out=o), o), reduced(x, MPI.MAX)),
+            (lambda: given(mpicoll.allreduce(y, op="sum", comm=comm, out=y, algorithm="mpi"), y), reduced(x)),
+            (lambda: given(mpicoll.iallreduce(x, comm=comm, out=o).wait(), o), reduced(x)),
+            (lambda: given(mpicoll.bcast(b, root, comm=comm), b), np.full(3, float(root + i))),
+            (lambda: given(mpicoll.ibcast(b, root=root, comm=comm).wait(), b), np.full(3, float(root + i))),
+            (lambda: mpicoll.alltoall(xs, comm=comm), g),
+            (lambda: given(mpicoll.alltoall(xs, comm=comm, out=a2), a2), g),
+        ]
+
+    for i in range(6):
+        if i == 3:
+            built.clear()
+            before = [d.fallbacks for d in doors]
+        for call, want in calls(i):
+            np.testing.assert_array_equal(call(), want)
+    if p > 1:
+        assert built == [], built
+        assert [d.fallbacks for d in doors] == before, "a usual call went to the Python function"
+    # handed on: an MPI.Op, a keyword the door does not know, a wrong argument
+    before = [d.fallbacks for d in doors]
+    x = np.arange(4, dtype=np.float64) + r
+    np.testing.assert_array_equal(mpicoll.allreduce(x, MPI.SUM, comm=comm), reduced(x))
+    np.testing.assert_array_equal(mpicoll.allreduce(x, comm=comm, check=False), reduced(x))
+    with pytest.raises(ValueError):
+        mpicoll.allreduce(x, "no-such-op", comm=comm)
+    with pytest.raises(TypeError):
+        mpicoll.allreduce(x, comm=comm, no_such_option=1)
+    with pytest.raises(TypeError):
+        mpicoll.bcast()
+    assert mpicoll.allreduce.fallbacks == before[0] + 4 and mpicoll.bcast.fallbacks == before[2] + 1
+    comm.Barrier()
