@@ -1387,18 +1387,24 @@ static PyTypeObject CallType = {
  * Call does not take (miss) - goes to the Python function with the same
  * arguments, which decides and raises as before. The Python door's frames
  * cost ~0.8 us of a 3 us all-reduce (p = 2, 8 B) and ~1.2 us of an I-call. */
-enum door { D_ALLREDUCE = 0, D_IALLREDUCE = 1, D_BCAST = 2, D_IBCAST = 3, D_ALLTOALL = 4, D_COUNT = 5 };
+enum door {
+    D_ALLREDUCE = 0, D_IALLREDUCE = 1, D_BCAST = 2, D_IBCAST = 3, D_ALLTOALL = 4,
+    /* mpicoll.Comm's methods (dropin.py), bound to the communicator (MethodDoor) */
+    D_COMM_ALLREDUCE = 5, D_COMM_IALLREDUCE = 6, D_COMM_BCAST = 7, D_COMM_IBCAST = 8, D_COUNT = 9
+};
 
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     int which;
     PyObject *fallback, *by_handle, *world, *comm_type, *name, *started_long, *miss, *dict;
+    /* the methods': dropin's globals (``_calls``, ``_FAST_OPS``), MPI.SUM, MPI.IN_PLACE, MPI.Op, PLAIN_KINDS */
+    PyObject *globals, *sum_op, *in_place, *op_type, *plain_kinds;
     Py_ssize_t fallbacks; /* calls handed to the Python function (tests read it) */
 } Door;
 
 static PyObject *s_comm, *s_out, *s_algorithm, *s_op, *s_root, *s_handle, *s_plans, *s_d_, *s_fast, *s_move_to_end,
-    *s_sum, *s_auto, *mode_ints[3], *zero;
+    *s_sum, *s_auto, *s_calls_, *s_fast_ops_, *mode_ints[3], *zero;
 
 static PyObject *door_fallback(Door *d, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     d->fallbacks++;
@@ -1410,11 +1416,85 @@ static int kw_is(PyObject *k, PyObject *name) {
     return k == name || PyUnicode_Compare(k, name) == 0;
 }
 
-static PyObject *door_call(Door *d, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+/* The communicator's CommState (borrowed), NULL without an error when it has none. */
+static PyObject *door_state(Door *d, PyObject *comm) {
+    if (comm == Py_None)
+        return PyDict_GetItemWithError(d->by_handle, d->world);
+    int is = PyObject_IsInstance(comm, d->comm_type);
+    if (is <= 0)
+        return NULL;
+    PyObject *h = PyObject_GetAttr(comm, s_handle);
+    if (h == NULL)
+        return NULL;
+    PyObject *st = PyDict_GetItemWithError(d->by_handle, h);
+    Py_DECREF(h);
+    return st;
+}
+
+/* x's shape as a tuple (x.shape) */
+static PyObject *shape_of(PyArrayObject *x) {
+    int nd = PyArray_NDIM(x);
+    PyObject *shape = PyTuple_New(nd);
+    for (int i = 0; shape != NULL && i < nd; i++) {
+        PyObject *v = PyLong_FromSsize_t(PyArray_DIMS(x)[i]);
+        if (v == NULL)
+            Py_CLEAR(shape);
+        else
+            PyTuple_SET_ITEM(shape, i, v);
+    }
+    return shape;
+}
+
+/* The kept entry of ``key`` in st's plan cache, run through its gated Call
+ * on (x, out): the result (blocking), the request (start), ``miss`` for no
+ * entry or a call the Call does not take (nothing started), NULL with an
+ * error. */
+static PyObject *door_run(Door *d, PyObject *st, PyObject *key, PyObject *x, PyObject *out, int start) {
+    PyObject *plans = NULL, *dd = NULL, *k = NULL, *fast = NULL, *res = NULL;
+    if ((plans = PyObject_GetAttr(st, s_plans)) != NULL && (dd = PyObject_GetAttr(plans, s_d_)) != NULL
+        && PyDict_Check(dd) && (k = PyDict_GetItemWithError(dd, key)) != NULL) {
+        Py_INCREF(k);
+        fast = PyObject_GetAttr(k, s_fast);
+    }
+    int failed = PyErr_Occurred() != NULL;
+    if (!failed && fast != NULL && Py_TYPE(fast) == &CallType) {
+        res = kept_run((Call *)fast, x, out, start ? F_START : F_BLOCKING);
+        failed = res == NULL;
+        if (res != NULL && res != d->miss) {
+            /* a hit: least recently used last (plancache.PlanCache.get) */
+            PyObject *m = PyObject_CallMethodOneArg(dd, s_move_to_end, key);
+            Py_XDECREF(m);
+            failed = m == NULL;
+            if (!failed && start && PyTuple_Check(res)) {
+                /* a long call, started: the engine lists it (api.started_long) */
+                PyObject *r = PyObject_CallFunctionObjArgs(d->started_long, res, x, st, NULL);
+                Py_SETREF(res, r);
+                failed = r == NULL;
+            }
+            if (failed)
+                Py_CLEAR(res);
+        }
+    }
+    Py_XDECREF(fast);
+    Py_XDECREF(k);
+    Py_XDECREF(dd);
+    Py_XDECREF(plans);
+    if (failed)
+        return NULL;
+    if (res == NULL) {
+        Py_INCREF(d->miss);
+        res = d->miss;
+    }
+    return res;
+}
+
+/* mpicoll.allreduce(x, op="sum", *, comm=None, out=None, algorithm="auto"),
+ * iallreduce, bcast(x, root=0, *, comm=None, algorithm="auto"), ibcast,
+ * alltoall(x, *, comm=None, out=None, algorithm="auto"): their usual calls. */
+static PyObject *door_api(Door *d, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf), nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
-    int reduce = d->which == D_ALLREDUCE || d->which == D_IALLREDUCE, bcast = d->which == D_BCAST
-                                                                                || d->which == D_IBCAST;
-    int start = d->which == D_IALLREDUCE || d->which == D_IBCAST;
+    int reduce = d->which == D_ALLREDUCE || d->which == D_IALLREDUCE;
+    int bcast = d->which == D_BCAST || d->which == D_IBCAST, start = d->which == D_IALLREDUCE || d->which == D_IBCAST;
     if (nargs < 1 || nargs > (d->which == D_ALLTOALL ? 1 : 2))
         return door_fallback(d, args, nargsf, kwnames);
     PyObject *x = args[0], *second = nargs == 2 ? args[1] : (reduce ? s_sum : zero);
@@ -1435,76 +1515,121 @@ static PyObject *door_call(Door *d, PyObject *const *args, size_t nargsf, PyObje
     if (!PyArray_CheckExact(x) || !PyUnicode_CheckExact(algorithm) || (reduce && !PyUnicode_CheckExact(second))
         || (bcast && !PyLong_CheckExact(second)))
         return door_fallback(d, args, nargsf, kwnames);
-    PyObject *st;
-    if (comm == Py_None)
-        st = PyDict_GetItemWithError(d->by_handle, d->world);
-    else {
-        int is = PyObject_IsInstance(comm, d->comm_type);
-        if (is <= 0)
-            return is < 0 ? NULL : door_fallback(d, args, nargsf, kwnames);
-        PyObject *h = PyObject_GetAttr(comm, s_handle);
-        if (h == NULL)
-            return NULL;
-        st = PyDict_GetItemWithError(d->by_handle, h);
-        Py_DECREF(h);
-    }
+    PyObject *st = door_state(d, comm);
     if (st == NULL)
         return PyErr_Occurred() ? NULL : door_fallback(d, args, nargsf, kwnames);
     Py_INCREF(st);
     /* the key, as api.py builds it */
-    PyArrayObject *xa = (PyArrayObject *)x;
-    int nd = PyArray_NDIM(xa);
-    PyObject *shape = PyTuple_New(nd), *key = NULL, *plans = NULL, *dd = NULL, *k = NULL, *fast = NULL, *res = NULL;
-    for (int i = 0; shape != NULL && i < nd; i++) {
-        PyObject *v = PyLong_FromSsize_t(PyArray_DIMS(xa)[i]);
-        if (v == NULL)
-            Py_CLEAR(shape);
-        else
-            PyTuple_SET_ITEM(shape, i, v);
-    }
-    int mode = out == Py_None ? 0 : out == x ? 1 : 2;
-    if (shape != NULL) {
-        PyObject *descr = (PyObject *)PyArray_DESCR(xa);
-        key = reduce ? PyTuple_Pack(6, d->name, shape, descr, second, algorithm, mode_ints[mode])
+    PyObject *shape = shape_of((PyArrayObject *)x), *key = NULL, *res = NULL;
+    PyObject *descr = (PyObject *)PyArray_DESCR((PyArrayObject *)x), *mode = mode_ints[out == Py_None ? 0 : out == x ? 1 : 2];
+    if (shape != NULL)
+        key = reduce  ? PyTuple_Pack(6, d->name, shape, descr, second, algorithm, mode)
               : bcast ? PyTuple_Pack(5, d->name, shape, descr, second, algorithm)
-                      : PyTuple_Pack(5, d->name, shape, descr, algorithm, mode_ints[mode]);
-    }
-    if (key != NULL && (plans = PyObject_GetAttr(st, s_plans)) != NULL && (dd = PyObject_GetAttr(plans, s_d_)) != NULL
-        && PyDict_Check(dd) && (k = PyDict_GetItemWithError(dd, key)) != NULL) {
-        Py_INCREF(k);
-        fast = PyObject_GetAttr(k, s_fast);
-    }
-    int failed = PyErr_Occurred() != NULL;
-    if (!failed && fast != NULL && Py_TYPE(fast) == &CallType) {
-        res = kept_run((Call *)fast, x, bcast ? Py_None : out, start ? F_START : F_BLOCKING);
-        failed = res == NULL;
-        if (res == d->miss)
-            Py_CLEAR(res);
-        else if (res != NULL) {
-            /* a hit: least recently used last (plancache.PlanCache.get) */
-            PyObject *m = PyObject_CallMethodOneArg(dd, s_move_to_end, key);
-            Py_XDECREF(m);
-            failed = m == NULL;
-            if (!failed && start && PyTuple_Check(res)) {
-                /* a long call, started: the engine lists it (api.started_long) */
-                PyObject *r = PyObject_CallFunctionObjArgs(d->started_long, res, x, st, NULL);
-                Py_SETREF(res, r);
-                failed = r == NULL;
-            }
-            if (failed)
-                Py_CLEAR(res);
-        }
-    }
-    Py_XDECREF(fast);
-    Py_XDECREF(k);
-    Py_XDECREF(dd);
-    Py_XDECREF(plans);
+                      : PyTuple_Pack(5, d->name, shape, descr, algorithm, mode);
+    if (key != NULL)
+        res = door_run(d, st, key, x, bcast ? Py_None : out, start);
     Py_XDECREF(key);
     Py_XDECREF(shape);
     Py_DECREF(st);
-    if (failed)
-        return NULL;
-    return res != NULL ? res : door_fallback(d, args, nargsf, kwnames);
+    if (res != d->miss)
+        return res;
+    Py_DECREF(res);
+    return door_fallback(d, args, nargsf, kwnames);
+}
+
+/* mpicoll.Comm's Allreduce(self, sendbuf, recvbuf, op=MPI.SUM, *,
+ * algorithm="auto"), Iallreduce, Bcast(self, buf, root=0, *, algorithm),
+ * Ibcast, on plain 1-d arrays: the kept entry the api door filed (what the
+ * generated method reaches through _allreduce/_bcast, _door and the api
+ * function; dropin.py's table says which rows have a door). */
+static PyObject *door_comm(Door *d, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf), nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    int reduce = d->which == D_COMM_ALLREDUCE || d->which == D_COMM_IALLREDUCE;
+    int start = d->which == D_COMM_IALLREDUCE || d->which == D_COMM_IBCAST;
+    int lead = reduce ? 3 : 2; /* self and the buffers */
+    if (nargs < lead || nargs > lead + 1 || d->globals == NULL)
+        return door_fallback(d, args, nargsf, kwnames);
+    PyObject *self = args[0], *second = nargs > lead ? args[lead] : (reduce ? d->sum_op : zero);
+    PyObject *algorithm = s_auto;
+    for (Py_ssize_t i = 0; i < nkw; i++) {
+        PyObject *k = PyTuple_GET_ITEM(kwnames, i), *v = args[nargs + i];
+        if (kw_is(k, s_algorithm))
+            algorithm = v;
+        else if (nargs == lead && kw_is(k, reduce ? s_op : s_root))
+            second = v;
+        else
+            return door_fallback(d, args, nargsf, kwnames);
+    }
+    PyObject *calls = PyDict_GetItemWithError(d->globals, s_calls_); /* counting: the Python path counts */
+    if (calls != Py_None || !PyUnicode_CheckExact(algorithm))
+        return PyErr_Occurred() ? NULL : door_fallback(d, args, nargsf, kwnames);
+    PyObject *x, *out, *key = NULL, *shape = NULL, *res = NULL;
+    PyArrayObject *buf;
+    if (reduce) {
+        PyObject *sendbuf = args[1], *recvbuf = args[2];
+        if (!PyArray_CheckExact(recvbuf) || Py_TYPE(second) != (PyTypeObject *)d->op_type
+            || PyArray_NDIM((PyArrayObject *)recvbuf) != 1)
+            return door_fallback(d, args, nargsf, kwnames);
+        buf = (PyArrayObject *)recvbuf;
+        int mode;
+        if (sendbuf == recvbuf || sendbuf == d->in_place || sendbuf == Py_None) {
+            x = recvbuf;
+            mode = 1;
+        } else if (PyArray_CheckExact(sendbuf) && PyArray_NDIM((PyArrayObject *)sendbuf) == 1
+                   && PyArray_DIMS((PyArrayObject *)sendbuf)[0] == PyArray_DIMS(buf)[0]
+                   && PyArray_EquivTypes(PyArray_DESCR((PyArrayObject *)sendbuf), PyArray_DESCR(buf))) {
+            x = sendbuf;
+            mode = 2;
+        } else
+            return door_fallback(d, args, nargsf, kwnames);
+        /* the kernel op's name, as _fast_op decided it for (dtype, op.handle) */
+        PyObject *ops = PyDict_GetItemWithError(d->globals, s_fast_ops_), *h = NULL, *pair = NULL, *name = NULL;
+        if (ops != NULL && PyDict_Check(ops) && (h = PyObject_GetAttr(second, s_handle)) != NULL
+            && (pair = PyTuple_Pack(2, (PyObject *)PyArray_DESCR(buf), h)) != NULL)
+            name = PyDict_GetItemWithError(ops, pair);
+        Py_XDECREF(h);
+        Py_XDECREF(pair);
+        if (name == NULL || !PyUnicode_CheckExact(name))
+            return PyErr_Occurred() ? NULL : door_fallback(d, args, nargsf, kwnames);
+        out = recvbuf;
+        if ((shape = shape_of(buf)) != NULL)
+            key = PyTuple_Pack(6, d->name, shape, (PyObject *)PyArray_DESCR(buf), name, algorithm, mode_ints[mode]);
+    } else {
+        x = args[1];
+        if (!PyArray_CheckExact(x) || !PyLong_CheckExact(second))
+            return door_fallback(d, args, nargsf, kwnames);
+        buf = (PyArrayObject *)x;
+        PyObject *kind = PyUnicode_FromOrdinal(PyArray_DESCR(buf)->kind);
+        int plain = kind == NULL ? -1 : PySequence_Contains(d->plain_kinds, kind);
+        Py_XDECREF(kind);
+        if (plain <= 0)
+            return plain < 0 ? NULL : door_fallback(d, args, nargsf, kwnames);
+        out = Py_None;
+        if ((shape = shape_of(buf)) != NULL)
+            key = PyTuple_Pack(5, d->name, shape, (PyObject *)PyArray_DESCR(buf), second, algorithm);
+    }
+    PyObject *st = key == NULL ? NULL : door_state(d, self);
+    if (st != NULL) {
+        Py_INCREF(st);
+        res = door_run(d, st, key, x, out, start);
+        Py_DECREF(st);
+    }
+    Py_XDECREF(key);
+    Py_XDECREF(shape);
+    if (res == NULL)
+        return PyErr_Occurred() ? NULL : door_fallback(d, args, nargsf, kwnames);
+    if (res == d->miss) {
+        Py_DECREF(res);
+        return door_fallback(d, args, nargsf, kwnames);
+    }
+    if (start)
+        return res;
+    Py_DECREF(res); /* mpi4py's blocking methods return None */
+    Py_RETURN_NONE;
+}
+
+static PyObject *door_call(Door *d, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    return d->which >= D_COMM_ALLREDUCE ? door_comm(d, args, nargsf, kwnames) : door_api(d, args, nargsf, kwnames);
 }
 
 static int Door_traverse(Door *d, visitproc visit, void *arg) {
@@ -1516,6 +1641,11 @@ static int Door_traverse(Door *d, visitproc visit, void *arg) {
     Py_VISIT(d->started_long);
     Py_VISIT(d->miss);
     Py_VISIT(d->dict);
+    Py_VISIT(d->globals);
+    Py_VISIT(d->sum_op);
+    Py_VISIT(d->in_place);
+    Py_VISIT(d->op_type);
+    Py_VISIT(d->plain_kinds);
     return 0;
 }
 
@@ -1528,6 +1658,11 @@ static int Door_clear(Door *d) {
     Py_CLEAR(d->started_long);
     Py_CLEAR(d->miss);
     Py_CLEAR(d->dict);
+    Py_CLEAR(d->globals);
+    Py_CLEAR(d->sum_op);
+    Py_CLEAR(d->in_place);
+    Py_CLEAR(d->op_type);
+    Py_CLEAR(d->plain_kinds);
     return 0;
 }
 
@@ -1537,19 +1672,29 @@ static void Door_dealloc(Door *d) {
     Py_TYPE(d)->tp_free((PyObject *)d);
 }
 
-/* Door(which, fallback, by_handle, world_handle, Comm, name, started_long, miss) */
+static PyTypeObject MethodDoorType;
+
+/* Door(which, fallback, by_handle, world_handle, Comm, name, started_long, miss[, extra]);
+ * a method's ``extra``: (dropin's globals, MPI.SUM, MPI.IN_PLACE, MPI.Op, PLAIN_KINDS) */
 static PyObject *Door_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     int which;
-    PyObject *o[7];
+    PyObject *o[7], *extra = NULL;
     if (kw != NULL && PyDict_GET_SIZE(kw)) {
         PyErr_SetString(PyExc_TypeError, "mpicoll native: Door() takes positional arguments");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "iOO!OOUOO:Door", &which, &o[0], &PyDict_Type, &o[1], &o[2], &o[3], &o[4], &o[5],
-                          &o[6]))
+    if (!PyArg_ParseTuple(args, "iOO!OOUOO|O!:Door", &which, &o[0], &PyDict_Type, &o[1], &o[2], &o[3], &o[4], &o[5],
+                          &o[6], &PyTuple_Type, &extra))
         return NULL;
-    if (which < 0 || which >= D_COUNT || !PyCallable_Check(o[0]) || !PyType_Check(o[3])) {
-        PyErr_SetString(PyExc_ValueError, "mpicoll native: Door() needs a door kind, a function and a type");
+    int method = which >= D_COMM_ALLREDUCE;
+    if (which < 0 || which >= D_COUNT || !PyCallable_Check(o[0]) || !PyType_Check(o[3])
+        || method != (extra != NULL) || (extra != NULL && PyTuple_GET_SIZE(extra) != 5)) {
+        PyErr_SetString(PyExc_ValueError, "mpicoll native: Door() needs a door kind, a function, a type (and a "
+                                          "method's five extras)");
+        return NULL;
+    }
+    if (method != (type == &MethodDoorType)) {
+        PyErr_SetString(PyExc_ValueError, "mpicoll native: a method's door is a MethodDoor, a function's a Door");
         return NULL;
     }
     Door *d = (Door *)type->tp_alloc(type, 0);
@@ -1561,6 +1706,18 @@ static PyObject *Door_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     for (int i = 0; i < 7; i++) {
         Py_INCREF(o[i]);
         *slots[i] = o[i];
+    }
+    if (extra != NULL) {
+        PyObject **more[] = {&d->globals, &d->sum_op, &d->in_place, &d->op_type, &d->plain_kinds};
+        for (int i = 0; i < 5; i++) {
+            Py_INCREF(PyTuple_GET_ITEM(extra, i));
+            *more[i] = PyTuple_GET_ITEM(extra, i);
+        }
+        if (!PyDict_Check(d->globals) || !PyType_Check(d->op_type)) {
+            Py_DECREF(d);
+            PyErr_SetString(PyExc_TypeError, "mpicoll native: a method's door needs dropin's globals and MPI.Op");
+            return NULL;
+        }
     }
     return (PyObject *)d;
 }
@@ -1618,13 +1775,46 @@ static PyTypeObject DoorType = {
     .tp_dealloc = (destructor)Door_dealloc,
 };
 
+/* mpicoll.Comm's doors: bound to the communicator like the methods they
+ * stand for (a method descriptor: the interpreter passes the instance as
+ * the first argument without making a bound method). */
+static PyObject *MethodDoor_get(PyObject *self, PyObject *obj, PyObject *type) {
+    (void)type;
+    if (obj == NULL || obj == Py_None) {
+        Py_INCREF(self);
+        return self;
+    }
+    return PyMethod_New(self, obj);
+}
+
+static PyTypeObject MethodDoorType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "mpicoll.native.MethodDoor",
+    .tp_basicsize = sizeof(Door),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_doc = "A gated collective's mpicoll.Comm method in C over its Python method (see csrc/native.c).",
+    .tp_new = Door_new,
+    .tp_call = Door_call,
+    .tp_descr_get = MethodDoor_get,
+    .tp_vectorcall_offset = offsetof(Door, vectorcall),
+    .tp_dictoffset = offsetof(Door, dict),
+    .tp_members = Door_members,
+    .tp_getset = Door_getset,
+    .tp_methods = Door_methods,
+    .tp_repr = (reprfunc)Door_repr,
+    .tp_traverse = (traverseproc)Door_traverse,
+    .tp_clear = (inquiry)Door_clear,
+    .tp_dealloc = (destructor)Door_dealloc,
+};
+
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, NULL, "The MPI library's collectives on numpy arrays.",
                                     -1, module_methods};
 
 static PyObject *init(const char *name) {
     import_array1(NULL);  /* (returns NULL with numpy's error if numpy's C API is missing) */
     module.m_name = name;
-    if (PyType_Ready(&CallType) < 0 || PyType_Ready(&ReqType) < 0 || PyType_Ready(&DoorType) < 0)
+    if (PyType_Ready(&CallType) < 0 || PyType_Ready(&ReqType) < 0 || PyType_Ready(&DoorType) < 0
+        || PyType_Ready(&MethodDoorType) < 0)
         return NULL;
     static const struct { PyObject **s; const char *text; } names[] = {
         {&s_freed, "freed"}, {&s_seq, "seq"}, {&s_acquire, "acquire"}, {&s_release, "release"},
@@ -1635,7 +1825,8 @@ static PyObject *init(const char *name) {
         {&s_keep_, "_keep"}, {&s_active, "active"}, {&s_stepper, "stepper"}, {&s_result, "result"},
         {&s_live_, "_live"}, {&s_Wait, "Wait"}, {&s_comm, "comm"}, {&s_out, "out"}, {&s_algorithm, "algorithm"},
         {&s_op, "op"}, {&s_root, "root"}, {&s_handle, "handle"}, {&s_plans, "plans"}, {&s_d_, "_d"},
-        {&s_fast, "fast"}, {&s_move_to_end, "move_to_end"}, {&s_sum, "sum"}, {&s_auto, "auto"}};
+        {&s_fast, "fast"}, {&s_move_to_end, "move_to_end"}, {&s_sum, "sum"}, {&s_auto, "auto"},
+        {&s_calls_, "_calls"}, {&s_fast_ops_, "_FAST_OPS"}};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (*names[i].s == NULL && (*names[i].s = PyUnicode_InternFromString(names[i].text)) == NULL)
             return NULL;
@@ -1672,6 +1863,12 @@ static PyObject *init(const char *name) {
         Py_DECREF(m);
         return NULL;
     }
+    Py_INCREF(&MethodDoorType);
+    if (PyModule_AddObject(m, "MethodDoor", (PyObject *)&MethodDoorType) < 0) {
+        Py_DECREF(&MethodDoorType);
+        Py_DECREF(m);
+        return NULL;
+    }
     /* NativeRequest.wait (engine.py binds it): an instance method, so that
      * it is bound to the request as a def would be. */
     PyObject *fn = PyCFunction_New(&wait_def, NULL), *meth = fn == NULL ? NULL : PyInstanceMethod_New(fn);
@@ -1686,7 +1883,8 @@ static PyObject *init(const char *name) {
         {"SCATTERV", K_SCATTERV}, {"GATHERV", K_GATHERV}, {"ALLTOALL", K_ALLTOALL},
         {"REDUCE_SCATTER", K_REDUCE_SCATTER}, {"ALLTOALLV", K_ALLTOALLV}, {"PROGRAM", K_PROGRAM},
         {"D_ALLREDUCE", D_ALLREDUCE}, {"D_IALLREDUCE", D_IALLREDUCE}, {"D_BCAST", D_BCAST}, {"D_IBCAST", D_IBCAST},
-        {"D_ALLTOALL", D_ALLTOALL}};
+        {"D_ALLTOALL", D_ALLTOALL}, {"D_COMM_ALLREDUCE", D_COMM_ALLREDUCE},
+        {"D_COMM_IALLREDUCE", D_COMM_IALLREDUCE}, {"D_COMM_BCAST", D_COMM_BCAST}, {"D_COMM_IBCAST", D_COMM_IBCAST}};
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
         if (PyModule_AddIntConstant(m, kinds[i].name, kinds[i].v) < 0) {
             Py_DECREF(m);

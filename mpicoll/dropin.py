@@ -77,6 +77,7 @@ MPI unchecked, is a ValueError here.
 from __future__ import annotations
 
 import collections
+import functools
 import time
 
 import numpy as np
@@ -86,6 +87,7 @@ from . import dtypes as _dtypes
 from . import ops as _ops
 from . import plan as _plan
 from . import _env
+from . import native as _native
 from . import arguments as _args
 from .buffers import may_share_memory as _share
 from .persistent import Persistent
@@ -812,17 +814,21 @@ class Comm(MPI.Intracomm):
 #     def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM, *, algorithm="auto"):
 #         return self._allreduce(sendbuf, recvbuf, op, algorithm, "run")
 #
-# (the _init form takes mpi4py's ``info`` after the others; a row's short
-# path, where it has one, is tried first in the blocking and I-forms). They are written
+# (the _init form takes mpi4py's ``info`` after the others). A row with a
+# door in C (its last column: csrc/native.c's D_COMM_<name> and D_COMM_I<name>)
+# gets, where that module is built, a MethodDoor over its blocking and
+# I-form: a repeated call on plain 1-d arrays finds the kept entry the api
+# door filed and runs its gated call without these methods' frames (~1.5 us
+# of a 2 us call at p = 2); any other call goes to the method itself. They are written
 # out as source and compiled once at import, as namedtuple and dataclasses
 # do: a real signature (mpi4py's TypeError for a wrong call, help() and
 # inspect show it) at the cost of a plain method call.
 _METHODS = (
-    ("Allreduce", "sendbuf, recvbuf, op=MPI.SUM", "_allreduce", "", "_short_allreduce"),
+    ("Allreduce", "sendbuf, recvbuf, op=MPI.SUM", "_allreduce", "", "ALLREDUCE"),
     ("Reduce", "sendbuf, recvbuf, op=MPI.SUM, root=0", "_reduce", "", None),
     ("Reduce_scatter_block", "sendbuf, recvbuf, op=MPI.SUM", "_reduce_scatter_block", "", None),
     ("Reduce_scatter", "sendbuf, recvbuf, recvcounts=None, op=MPI.SUM", "_reduce_scatter", "", None),
-    ("Bcast", "buf, root=0", "_bcast", "", "_short_bcast"),
+    ("Bcast", "buf, root=0", "_bcast", "", "BCAST"),
     ("Allgather", "sendbuf, recvbuf", "_allgather", "", None),
     ("Scatter", "sendbuf, recvbuf, root=0", "_scatter", "'Scatter', ", None),
     ("Scatterv", "sendbuf, recvbuf, root=0", "_scatter", "'Scatterv', ", None),
@@ -832,64 +838,6 @@ _METHODS = (
     ("Alltoall", "sendbuf, recvbuf", "_alltoall", "'Alltoall', ", None),
     ("Alltoallv", "sendbuf, recvbuf", "_alltoall", "'Alltoallv', ", None),
 )
-
-
-# ---- the short paths: a kept signature's C call, first ---------------------------
-# A repeated Allreduce/Bcast (or its I-form) on plain 1-d arrays ends,
-# through _allreduce/_bcast, _door and the api function, in the kept
-# entry's C call (kept._gate), which makes every check its own run needs;
-# those frames cost ~1.5 us on a ~2 us call. These find the same kept entry
-# (the key the api door filed it under) straight away and return what the
-# method returns (None; the request); MISS, for anything else or a call C
-# does not take, goes the usual way, which decides and raises.
-
-def _short_allreduce(comm, sendbuf, recvbuf, op, algorithm, mode):
-    if type(recvbuf) is not np.ndarray or type(op) is not MPI.Op or recvbuf.ndim != 1 \
-            or type(algorithm) is not str or _calls is not None:
-        return _MISS
-    name = _FAST_OPS.get((recvbuf.dtype, op.handle))  # (filled by _fast_op, below, on a first call)
-    if name is None:
-        return _MISS
-    if sendbuf is recvbuf or sendbuf is MPI.IN_PLACE or sendbuf is None:
-        x, in_place = recvbuf, 1
-    elif type(sendbuf) is np.ndarray and sendbuf.dtype == recvbuf.dtype and sendbuf.shape == recvbuf.shape:
-        x, in_place = sendbuf, 2  # (api's modes: 1 out is x, 2 another out)
-    else:
-        return _MISS
-    key = ("allreduce" if mode == "run" else "iallreduce", recvbuf.shape, recvbuf.dtype, name, algorithm, in_place)
-    return _gated(comm, key, mode, x, recvbuf)
-
-
-def _short_bcast(comm, buf, root, algorithm, mode):
-    if type(buf) is not np.ndarray or type(root) is not int or type(algorithm) is not str \
-            or _calls is not None or buf.dtype.kind not in PLAIN_KINDS:
-        return _MISS
-    return _gated(comm, ("bcast", buf.shape, buf.dtype, root, algorithm), mode, buf)
-
-
-def _gated(comm, key, mode, x, *out):
-    """The kept entry of ``key`` on ``comm``, gated whole in C, run
-    ("run": None) or started ("start": its request) on ``x`` (and
-    ``out``); MISS when there is none or C does not take the call."""
-    st = _by_handle.get(comm.handle)
-    if st is None:
-        return _MISS
-    plans = st.plans._d
-    k = plans.get(key)
-    if k is None or k.fast is None:
-        return _MISS
-    if mode == "run":
-        if k.fast(x, *out) is _MISS:
-            return _MISS
-        got = None
-    else:
-        got = k.fast.start_kept(x, *out)
-        if got is _MISS:
-            return _MISS
-        if type(got) is tuple:
-            got = _api.started_long(got, x, st)
-    plans.move_to_end(key)
-    return got
 
 
 _DOCS = {
@@ -904,24 +852,25 @@ _DOCS = {
 
 
 def _define_methods(cls) -> None:
-    for base, params, impl, lead, short in _METHODS:
+    mod = _native.module()
+    for base, params, impl, lead, door in _METHODS:
         args = ", ".join(a.split("=")[0] for a in params.split(", "))
         for mode in ("run", "start", "init"):
             name = _method(base, mode)
             extra, info = (", info=MPI.INFO_NULL", ", info") if mode == "init" else ("", "")
-            src = f"def {name}(self, {params}{extra}, *, algorithm='auto'):\n"
-            if short is not None and mode != "init":
-                src += (f"    got = {short}(self, {args}, algorithm, {mode!r})\n"
-                        f"    if got is not _MISS:\n"
-                        f"        return got\n")
-            src += f"    return self.{impl}({lead}{args}, algorithm, {mode!r}{info})\n"
-            scope = {"MPI": MPI, "_MISS": _MISS}
-            if short is not None:
-                scope[short] = globals()[short]
+            src = (f"def {name}(self, {params}{extra}, *, algorithm='auto'):\n"
+                   f"    return self.{impl}({lead}{args}, algorithm, {mode!r}{info})\n")
+            scope = {"MPI": MPI}
             exec(compile(src, f"<mpicoll.Comm.{name}>", "exec"), scope)
             fn = scope[name]
             fn.__module__, fn.__qualname__ = cls.__module__, f"{cls.__name__}.{name}"
             fn.__doc__ = _DOCS[mode].format(name=name)
+            if door is not None and mode != "init" and mod is not None:
+                which = getattr(mod, "D_COMM_" + ("" if mode == "run" else "I") + door)
+                key = ("i" if mode == "start" and door == "ALLREDUCE" else "") + door.lower()
+                fn = functools.update_wrapper(mod.MethodDoor(
+                    which, fn, _by_handle, 0, MPI.Comm, key, _api.started_long, _MISS,
+                    (globals(), MPI.SUM, MPI.IN_PLACE, MPI.Op, PLAIN_KINDS)), fn)
             setattr(cls, name, fn)
 
 

@@ -260,8 +260,8 @@ def test_dropin_fast_and_general_paths_agree_across_ranks(comm, size):
 def test_dropin_short_paths_serve_every_allreduce_and_bcast_form(comm, algorithm, monkeypatch):
     """Allreduce/Iallreduce and Bcast/Ibcast on plain 1-d arrays are served,
     once their signature is kept (and gated), by the kept entry's C call
-    straight from the method (dropin._short_allreduce/_short_bcast), in
-    every buffer form: a separate send buffer (the most usual, and the one
+    straight from the method (native.MethodDoor, where built), in every
+    buffer form: a separate send buffer (the most usual, and the one
     a mix-up with in place would get wrong), MPI.IN_PLACE, the receive
     buffer passed as send buffer, None. Each round uses new values, and
     mpi4py's own method on the same arrays is the reference; from the
