@@ -1388,9 +1388,9 @@ static PyTypeObject CallType = {
  * arguments, which decides and raises as before. The Python door's frames
  * cost ~0.8 us of a 3 us all-reduce (p = 2, 8 B) and ~1.2 us of an I-call. */
 enum door {
-    D_ALLREDUCE = 0, D_IALLREDUCE = 1, D_BCAST = 2, D_IBCAST = 3, D_ALLTOALL = 4,
+    D_ALLREDUCE = 0, D_IALLREDUCE = 1, D_BCAST = 2, D_IBCAST = 3, D_ALLTOALL = 4, D_GATHER = 5,
     /* mpicoll.Comm's methods (dropin.py), bound to the communicator (MethodDoor) */
-    D_COMM_ALLREDUCE = 5, D_COMM_IALLREDUCE = 6, D_COMM_BCAST = 7, D_COMM_IBCAST = 8, D_COUNT = 9
+    D_COMM_ALLREDUCE = 6, D_COMM_IALLREDUCE = 7, D_COMM_BCAST = 8, D_COMM_IBCAST = 9, D_COUNT = 10
 };
 
 typedef struct {
@@ -1490,11 +1490,13 @@ static PyObject *door_run(Door *d, PyObject *st, PyObject *key, PyObject *x, PyO
 
 /* mpicoll.allreduce(x, op="sum", *, comm=None, out=None, algorithm="auto"),
  * iallreduce, bcast(x, root=0, *, comm=None, algorithm="auto"), ibcast,
- * alltoall(x, *, comm=None, out=None, algorithm="auto"): their usual calls. */
+ * alltoall(x, *, comm=None, out=None, algorithm="auto"), gather(x, root=0,
+ * *, comm=None, out=None, algorithm="auto"): their usual calls. */
 static PyObject *door_api(Door *d, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf), nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
     int reduce = d->which == D_ALLREDUCE || d->which == D_IALLREDUCE;
     int bcast = d->which == D_BCAST || d->which == D_IBCAST, start = d->which == D_IALLREDUCE || d->which == D_IBCAST;
+    int gather = d->which == D_GATHER, rooted = bcast || gather;
     if (nargs < 1 || nargs > (d->which == D_ALLTOALL ? 1 : 2))
         return door_fallback(d, args, nargsf, kwnames);
     PyObject *x = args[0], *second = nargs == 2 ? args[1] : (reduce ? s_sum : zero);
@@ -1507,13 +1509,13 @@ static PyObject *door_api(Door *d, PyObject *const *args, size_t nargsf, PyObjec
             algorithm = v;
         else if (!bcast && kw_is(k, s_out))
             out = v;
-        else if (nargs == 1 && ((reduce && kw_is(k, s_op)) || (bcast && kw_is(k, s_root))))
+        else if (nargs == 1 && ((reduce && kw_is(k, s_op)) || (rooted && kw_is(k, s_root))))
             second = v;
         else
             return door_fallback(d, args, nargsf, kwnames);
     }
     if (!PyArray_CheckExact(x) || !PyUnicode_CheckExact(algorithm) || (reduce && !PyUnicode_CheckExact(second))
-        || (bcast && !PyLong_CheckExact(second)))
+        || (rooted && !PyLong_CheckExact(second)))
         return door_fallback(d, args, nargsf, kwnames);
     PyObject *st = door_state(d, comm);
     if (st == NULL)
@@ -1523,9 +1525,11 @@ static PyObject *door_api(Door *d, PyObject *const *args, size_t nargsf, PyObjec
     PyObject *shape = shape_of((PyArrayObject *)x), *key = NULL, *res = NULL;
     PyObject *descr = (PyObject *)PyArray_DESCR((PyArrayObject *)x), *mode = mode_ints[out == Py_None ? 0 : out == x ? 1 : 2];
     if (shape != NULL)
-        key = reduce  ? PyTuple_Pack(6, d->name, shape, descr, second, algorithm, mode)
-              : bcast ? PyTuple_Pack(5, d->name, shape, descr, second, algorithm)
-                      : PyTuple_Pack(5, d->name, shape, descr, algorithm, mode);
+        key = reduce   ? PyTuple_Pack(6, d->name, shape, descr, second, algorithm, mode)
+              : bcast  ? PyTuple_Pack(5, d->name, shape, descr, second, algorithm)
+              : gather ? PyTuple_Pack(7, d->name, shape, descr, Py_None, second, algorithm,
+                                      out == Py_None ? Py_False : Py_True) /* (no counts: None) */
+                       : PyTuple_Pack(5, d->name, shape, descr, algorithm, mode);
     if (key != NULL)
         res = door_run(d, st, key, x, bcast ? Py_None : out, start);
     Py_XDECREF(key);
@@ -1883,7 +1887,7 @@ static PyObject *init(const char *name) {
         {"SCATTERV", K_SCATTERV}, {"GATHERV", K_GATHERV}, {"ALLTOALL", K_ALLTOALL},
         {"REDUCE_SCATTER", K_REDUCE_SCATTER}, {"ALLTOALLV", K_ALLTOALLV}, {"PROGRAM", K_PROGRAM},
         {"D_ALLREDUCE", D_ALLREDUCE}, {"D_IALLREDUCE", D_IALLREDUCE}, {"D_BCAST", D_BCAST}, {"D_IBCAST", D_IBCAST},
-        {"D_ALLTOALL", D_ALLTOALL}, {"D_COMM_ALLREDUCE", D_COMM_ALLREDUCE},
+        {"D_ALLTOALL", D_ALLTOALL}, {"D_GATHER", D_GATHER}, {"D_COMM_ALLREDUCE", D_COMM_ALLREDUCE},
         {"D_COMM_IALLREDUCE", D_COMM_IALLREDUCE}, {"D_COMM_BCAST", D_COMM_BCAST}, {"D_COMM_IBCAST", D_COMM_IBCAST}};
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
         if (PyModule_AddIntConstant(m, kinds[i].name, kinds[i].v) < 0) {

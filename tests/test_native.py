@@ -667,7 +667,7 @@ def test_a_failed_program_run_in_c_raises_on_every_rank_and_the_next_works(comm)
 
 
 def test_gated_doors_in_c_serve_the_usual_calls_and_hand_on_the_rest(comm, monkeypatch):
-    """mpicoll.allreduce/iallreduce/bcast/ibcast/alltoall are native.Door
+    """mpicoll.allreduce/iallreduce/bcast/ibcast/alltoall/gather are native.Door
     objects (csrc/native.c) over their Python functions. A repeated call with
     the usual arguments - positional or keyword op/root, comm, out (none,
     in place, another array), algorithm - builds the key the function builds
@@ -675,7 +675,7 @@ def test_gated_doors_in_c_serve_the_usual_calls_and_hand_on_the_rest(comm, monke
     the function (``fallbacks``), mpi4py's results. Every other call (an
     MPI.Op, another keyword, a wrong argument) is handed to the function,
     which serves or refuses it as before."""
-    doors = [mpicoll.allreduce, mpicoll.iallreduce, mpicoll.bcast, mpicoll.ibcast, mpicoll.alltoall]
+    doors = [mpicoll.allreduce, mpicoll.iallreduce, mpicoll.bcast, mpicoll.ibcast, mpicoll.alltoall, mpicoll.gather]
     if native.module() is None:
         pytest.skip("native calls not built or turned off at import")
     assert all(type(d) is native.module().Door for d in doors)
@@ -704,6 +704,12 @@ def test_gated_doors_in_c_serve_the_usual_calls_and_hand_on_the_rest(comm, monke
         comm.Alltoall(xs, g)
         b = np.full(3, float(r + i))
         a2 = np.empty_like(xs)
+        a3 = np.empty((p, 2), np.int32)
+
+        def gathered(v):  # root's rows, None elsewhere (an array of None compares equal to None)
+            w = np.empty((p,) + v.shape, v.dtype) if r == root else None
+            comm.Gather(v, w, root)
+            return w
 
         def given(res, out):  # a call given ``out`` returns it (None fails the comparison)
             return res if res is out else None
@@ -717,6 +723,8 @@ def test_gated_doors_in_c_serve_the_usual_calls_and_hand_on_the_rest(comm, monke
             (lambda: given(mpicoll.ibcast(b, root=root, comm=comm).wait(), b), np.full(3, float(root + i))),
             (lambda: mpicoll.alltoall(xs, comm=comm), g),
             (lambda: given(mpicoll.alltoall(xs, comm=comm, out=a2), a2), g),
+            (lambda: mpicoll.gather(xs[0], root, comm=comm), gathered(xs[0])),
+            (lambda: mpicoll.gather(xs[0], root=root, comm=comm, out=a3 if r == root else None), gathered(xs[0])),
         ]
 
     for i in range(6):
