@@ -1393,13 +1393,19 @@ enum door {
     D_COMM_ALLREDUCE = 6, D_COMM_IALLREDUCE = 7, D_COMM_BCAST = 8, D_COMM_IBCAST = 9, D_COUNT = 10
 };
 
+/* A door's references, in Door_new's argument order: the Python function,
+ * commstate._by_handle, COMM_WORLD's handle, MPI.Comm, the key's name,
+ * api.started_long, plancache.MISS; a method's five more: dropin's globals
+ * (``_calls``, ``_FAST_OPS``), MPI.SUM, MPI.IN_PLACE, MPI.Op, PLAIN_KINDS;
+ * then the instance dict (functools.update_wrapper's attributes). */
+enum { R_FALLBACK, R_BY_HANDLE, R_WORLD, R_COMM_TYPE, R_NAME, R_STARTED_LONG, R_MISS, R_GLOBALS, R_SUM_OP,
+       R_IN_PLACE, R_OP_TYPE, R_PLAIN_KINDS, R_DICT, R_COUNT };
+
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     int which;
-    PyObject *fallback, *by_handle, *world, *comm_type, *name, *started_long, *miss, *dict;
-    /* the methods': dropin's globals (``_calls``, ``_FAST_OPS``), MPI.SUM, MPI.IN_PLACE, MPI.Op, PLAIN_KINDS */
-    PyObject *globals, *sum_op, *in_place, *op_type, *plain_kinds;
+    PyObject *refs[R_COUNT];
     Py_ssize_t fallbacks; /* calls handed to the Python function (tests read it) */
 } Door;
 
@@ -1408,7 +1414,7 @@ static PyObject *s_comm, *s_out, *s_algorithm, *s_op, *s_root, *s_handle, *s_pla
 
 static PyObject *door_fallback(Door *d, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     d->fallbacks++;
-    return PyObject_Vectorcall(d->fallback, args, nargsf, kwnames);
+    return PyObject_Vectorcall(d->refs[R_FALLBACK], args, nargsf, kwnames);
 }
 
 /* kwnames[i] is ``name`` (interned: identity first) */
@@ -1419,14 +1425,14 @@ static int kw_is(PyObject *k, PyObject *name) {
 /* The communicator's CommState (borrowed), NULL without an error when it has none. */
 static PyObject *door_state(Door *d, PyObject *comm) {
     if (comm == Py_None)
-        return PyDict_GetItemWithError(d->by_handle, d->world);
-    int is = PyObject_IsInstance(comm, d->comm_type);
+        return PyDict_GetItemWithError(d->refs[R_BY_HANDLE], d->refs[R_WORLD]);
+    int is = PyObject_IsInstance(comm, d->refs[R_COMM_TYPE]);
     if (is <= 0)
         return NULL;
     PyObject *h = PyObject_GetAttr(comm, s_handle);
     if (h == NULL)
         return NULL;
-    PyObject *st = PyDict_GetItemWithError(d->by_handle, h);
+    PyObject *st = PyDict_GetItemWithError(d->refs[R_BY_HANDLE], h);
     Py_DECREF(h);
     return st;
 }
@@ -1460,14 +1466,14 @@ static PyObject *door_run(Door *d, PyObject *st, PyObject *key, PyObject *x, PyO
     if (!failed && fast != NULL && Py_TYPE(fast) == &CallType) {
         res = kept_run((Call *)fast, x, out, start ? F_START : F_BLOCKING);
         failed = res == NULL;
-        if (res != NULL && res != d->miss) {
+        if (res != NULL && res != d->refs[R_MISS]) {
             /* a hit: least recently used last (plancache.PlanCache.get) */
             PyObject *m = PyObject_CallMethodOneArg(dd, s_move_to_end, key);
             Py_XDECREF(m);
             failed = m == NULL;
             if (!failed && start && PyTuple_Check(res)) {
                 /* a long call, started: the engine lists it (api.started_long) */
-                PyObject *r = PyObject_CallFunctionObjArgs(d->started_long, res, x, st, NULL);
+                PyObject *r = PyObject_CallFunctionObjArgs(d->refs[R_STARTED_LONG], res, x, st, NULL);
                 Py_SETREF(res, r);
                 failed = r == NULL;
             }
@@ -1482,8 +1488,8 @@ static PyObject *door_run(Door *d, PyObject *st, PyObject *key, PyObject *x, PyO
     if (failed)
         return NULL;
     if (res == NULL) {
-        Py_INCREF(d->miss);
-        res = d->miss;
+        Py_INCREF(d->refs[R_MISS]);
+        res = d->refs[R_MISS];
     }
     return res;
 }
@@ -1525,17 +1531,17 @@ static PyObject *door_api(Door *d, PyObject *const *args, size_t nargsf, PyObjec
     PyObject *shape = shape_of((PyArrayObject *)x), *key = NULL, *res = NULL;
     PyObject *descr = (PyObject *)PyArray_DESCR((PyArrayObject *)x), *mode = mode_ints[out == Py_None ? 0 : out == x ? 1 : 2];
     if (shape != NULL)
-        key = reduce   ? PyTuple_Pack(6, d->name, shape, descr, second, algorithm, mode)
-              : bcast  ? PyTuple_Pack(5, d->name, shape, descr, second, algorithm)
-              : gather ? PyTuple_Pack(7, d->name, shape, descr, Py_None, second, algorithm,
+        key = reduce   ? PyTuple_Pack(6, d->refs[R_NAME], shape, descr, second, algorithm, mode)
+              : bcast  ? PyTuple_Pack(5, d->refs[R_NAME], shape, descr, second, algorithm)
+              : gather ? PyTuple_Pack(7, d->refs[R_NAME], shape, descr, Py_None, second, algorithm,
                                       out == Py_None ? Py_False : Py_True) /* (no counts: None) */
-                       : PyTuple_Pack(5, d->name, shape, descr, algorithm, mode);
+                       : PyTuple_Pack(5, d->refs[R_NAME], shape, descr, algorithm, mode);
     if (key != NULL)
         res = door_run(d, st, key, x, bcast ? Py_None : out, start);
     Py_XDECREF(key);
     Py_XDECREF(shape);
     Py_DECREF(st);
-    if (res != d->miss)
+    if (res != d->refs[R_MISS])
         return res;
     Py_DECREF(res);
     return door_fallback(d, args, nargsf, kwnames);
@@ -1551,9 +1557,9 @@ static PyObject *door_comm(Door *d, PyObject *const *args, size_t nargsf, PyObje
     int reduce = d->which == D_COMM_ALLREDUCE || d->which == D_COMM_IALLREDUCE;
     int start = d->which == D_COMM_IALLREDUCE || d->which == D_COMM_IBCAST;
     int lead = reduce ? 3 : 2; /* self and the buffers */
-    if (nargs < lead || nargs > lead + 1 || d->globals == NULL)
+    if (nargs < lead || nargs > lead + 1 || d->refs[R_GLOBALS] == NULL)
         return door_fallback(d, args, nargsf, kwnames);
-    PyObject *self = args[0], *second = nargs > lead ? args[lead] : (reduce ? d->sum_op : zero);
+    PyObject *self = args[0], *second = nargs > lead ? args[lead] : (reduce ? d->refs[R_SUM_OP] : zero);
     PyObject *algorithm = s_auto;
     for (Py_ssize_t i = 0; i < nkw; i++) {
         PyObject *k = PyTuple_GET_ITEM(kwnames, i), *v = args[nargs + i];
@@ -1564,19 +1570,19 @@ static PyObject *door_comm(Door *d, PyObject *const *args, size_t nargsf, PyObje
         else
             return door_fallback(d, args, nargsf, kwnames);
     }
-    PyObject *calls = PyDict_GetItemWithError(d->globals, s_calls_); /* counting: the Python path counts */
+    PyObject *calls = PyDict_GetItemWithError(d->refs[R_GLOBALS], s_calls_); /* counting: the Python path counts */
     if (calls != Py_None || !PyUnicode_CheckExact(algorithm))
         return PyErr_Occurred() ? NULL : door_fallback(d, args, nargsf, kwnames);
     PyObject *x, *out, *key = NULL, *shape = NULL, *res = NULL;
     PyArrayObject *buf;
     if (reduce) {
         PyObject *sendbuf = args[1], *recvbuf = args[2];
-        if (!PyArray_CheckExact(recvbuf) || Py_TYPE(second) != (PyTypeObject *)d->op_type
+        if (!PyArray_CheckExact(recvbuf) || Py_TYPE(second) != (PyTypeObject *)d->refs[R_OP_TYPE]
             || PyArray_NDIM((PyArrayObject *)recvbuf) != 1)
             return door_fallback(d, args, nargsf, kwnames);
         buf = (PyArrayObject *)recvbuf;
         int mode;
-        if (sendbuf == recvbuf || sendbuf == d->in_place || sendbuf == Py_None) {
+        if (sendbuf == recvbuf || sendbuf == d->refs[R_IN_PLACE] || sendbuf == Py_None) {
             x = recvbuf;
             mode = 1;
         } else if (PyArray_CheckExact(sendbuf) && PyArray_NDIM((PyArrayObject *)sendbuf) == 1
@@ -1587,7 +1593,7 @@ static PyObject *door_comm(Door *d, PyObject *const *args, size_t nargsf, PyObje
         } else
             return door_fallback(d, args, nargsf, kwnames);
         /* the kernel op's name, as _fast_op decided it for (dtype, op.handle) */
-        PyObject *ops = PyDict_GetItemWithError(d->globals, s_fast_ops_), *h = NULL, *pair = NULL, *name = NULL;
+        PyObject *ops = PyDict_GetItemWithError(d->refs[R_GLOBALS], s_fast_ops_), *h = NULL, *pair = NULL, *name = NULL;
         if (ops != NULL && PyDict_Check(ops) && (h = PyObject_GetAttr(second, s_handle)) != NULL
             && (pair = PyTuple_Pack(2, (PyObject *)PyArray_DESCR(buf), h)) != NULL)
             name = PyDict_GetItemWithError(ops, pair);
@@ -1597,20 +1603,20 @@ static PyObject *door_comm(Door *d, PyObject *const *args, size_t nargsf, PyObje
             return PyErr_Occurred() ? NULL : door_fallback(d, args, nargsf, kwnames);
         out = recvbuf;
         if ((shape = shape_of(buf)) != NULL)
-            key = PyTuple_Pack(6, d->name, shape, (PyObject *)PyArray_DESCR(buf), name, algorithm, mode_ints[mode]);
+            key = PyTuple_Pack(6, d->refs[R_NAME], shape, (PyObject *)PyArray_DESCR(buf), name, algorithm, mode_ints[mode]);
     } else {
         x = args[1];
         if (!PyArray_CheckExact(x) || !PyLong_CheckExact(second))
             return door_fallback(d, args, nargsf, kwnames);
         buf = (PyArrayObject *)x;
         PyObject *kind = PyUnicode_FromOrdinal(PyArray_DESCR(buf)->kind);
-        int plain = kind == NULL ? -1 : PySequence_Contains(d->plain_kinds, kind);
+        int plain = kind == NULL ? -1 : PySequence_Contains(d->refs[R_PLAIN_KINDS], kind);
         Py_XDECREF(kind);
         if (plain <= 0)
             return plain < 0 ? NULL : door_fallback(d, args, nargsf, kwnames);
         out = Py_None;
         if ((shape = shape_of(buf)) != NULL)
-            key = PyTuple_Pack(5, d->name, shape, (PyObject *)PyArray_DESCR(buf), second, algorithm);
+            key = PyTuple_Pack(5, d->refs[R_NAME], shape, (PyObject *)PyArray_DESCR(buf), second, algorithm);
     }
     PyObject *st = key == NULL ? NULL : door_state(d, self);
     if (st != NULL) {
@@ -1622,7 +1628,7 @@ static PyObject *door_comm(Door *d, PyObject *const *args, size_t nargsf, PyObje
     Py_XDECREF(shape);
     if (res == NULL)
         return PyErr_Occurred() ? NULL : door_fallback(d, args, nargsf, kwnames);
-    if (res == d->miss) {
+    if (res == d->refs[R_MISS]) {
         Py_DECREF(res);
         return door_fallback(d, args, nargsf, kwnames);
     }
@@ -1637,36 +1643,14 @@ static PyObject *door_call(Door *d, PyObject *const *args, size_t nargsf, PyObje
 }
 
 static int Door_traverse(Door *d, visitproc visit, void *arg) {
-    Py_VISIT(d->fallback);
-    Py_VISIT(d->by_handle);
-    Py_VISIT(d->world);
-    Py_VISIT(d->comm_type);
-    Py_VISIT(d->name);
-    Py_VISIT(d->started_long);
-    Py_VISIT(d->miss);
-    Py_VISIT(d->dict);
-    Py_VISIT(d->globals);
-    Py_VISIT(d->sum_op);
-    Py_VISIT(d->in_place);
-    Py_VISIT(d->op_type);
-    Py_VISIT(d->plain_kinds);
+    for (int i = 0; i < R_COUNT; i++)
+        Py_VISIT(d->refs[i]);
     return 0;
 }
 
 static int Door_clear(Door *d) {
-    Py_CLEAR(d->fallback);
-    Py_CLEAR(d->by_handle);
-    Py_CLEAR(d->world);
-    Py_CLEAR(d->comm_type);
-    Py_CLEAR(d->name);
-    Py_CLEAR(d->started_long);
-    Py_CLEAR(d->miss);
-    Py_CLEAR(d->dict);
-    Py_CLEAR(d->globals);
-    Py_CLEAR(d->sum_op);
-    Py_CLEAR(d->in_place);
-    Py_CLEAR(d->op_type);
-    Py_CLEAR(d->plain_kinds);
+    for (int i = 0; i < R_COUNT; i++)
+        Py_CLEAR(d->refs[i]);
     return 0;
 }
 
@@ -1706,28 +1690,24 @@ static PyObject *Door_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
         return NULL;
     d->vectorcall = (vectorcallfunc)door_call;
     d->which = which;
-    PyObject **slots[] = {&d->fallback, &d->by_handle, &d->world, &d->comm_type, &d->name, &d->started_long, &d->miss};
     for (int i = 0; i < 7; i++) {
         Py_INCREF(o[i]);
-        *slots[i] = o[i];
+        d->refs[i] = o[i];
     }
-    if (extra != NULL) {
-        PyObject **more[] = {&d->globals, &d->sum_op, &d->in_place, &d->op_type, &d->plain_kinds};
-        for (int i = 0; i < 5; i++) {
-            Py_INCREF(PyTuple_GET_ITEM(extra, i));
-            *more[i] = PyTuple_GET_ITEM(extra, i);
-        }
-        if (!PyDict_Check(d->globals) || !PyType_Check(d->op_type)) {
-            Py_DECREF(d);
-            PyErr_SetString(PyExc_TypeError, "mpicoll native: a method's door needs dropin's globals and MPI.Op");
-            return NULL;
-        }
+    for (Py_ssize_t i = 0; extra != NULL && i < 5; i++) {
+        Py_INCREF(PyTuple_GET_ITEM(extra, i));
+        d->refs[R_GLOBALS + i] = PyTuple_GET_ITEM(extra, i);
+    }
+    if (extra != NULL && (!PyDict_Check(d->refs[R_GLOBALS]) || !PyType_Check(d->refs[R_OP_TYPE]))) {
+        Py_DECREF(d);
+        PyErr_SetString(PyExc_TypeError, "mpicoll native: a method's door needs dropin's globals and MPI.Op");
+        return NULL;
     }
     return (PyObject *)d;
 }
 
 static PyObject *Door_repr(Door *d) {
-    return PyUnicode_FromFormat("<mpicoll door in C over %R>", d->fallback);
+    return PyUnicode_FromFormat("<mpicoll door in C over %R>", d->refs[R_FALLBACK]);
 }
 
 static PyObject *Door_call(PyObject *self, PyObject *args, PyObject *kw) {
@@ -1769,7 +1749,7 @@ static PyTypeObject DoorType = {
     .tp_call = Door_call,
     .tp_descr_get = Door_get,
     .tp_vectorcall_offset = offsetof(Door, vectorcall),
-    .tp_dictoffset = offsetof(Door, dict),
+    .tp_dictoffset = offsetof(Door, refs) + R_DICT * sizeof(PyObject *),
     .tp_members = Door_members,
     .tp_getset = Door_getset,
     .tp_methods = Door_methods,
@@ -1794,6 +1774,7 @@ static PyObject *MethodDoor_get(PyObject *self, PyObject *obj, PyObject *type) {
 static PyTypeObject MethodDoorType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "mpicoll.native.MethodDoor",
+    .tp_base = &DoorType, /* (the rest is Door's) */
     .tp_basicsize = sizeof(Door),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
     .tp_doc = "A gated collective's mpicoll.Comm method in C over its Python method (see csrc/native.c).",
@@ -1801,14 +1782,8 @@ static PyTypeObject MethodDoorType = {
     .tp_call = Door_call,
     .tp_descr_get = MethodDoor_get,
     .tp_vectorcall_offset = offsetof(Door, vectorcall),
-    .tp_dictoffset = offsetof(Door, dict),
-    .tp_members = Door_members,
-    .tp_getset = Door_getset,
-    .tp_methods = Door_methods,
-    .tp_repr = (reprfunc)Door_repr,
     .tp_traverse = (traverseproc)Door_traverse,
     .tp_clear = (inquiry)Door_clear,
-    .tp_dealloc = (destructor)Door_dealloc,
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, NULL, "The MPI library's collectives on numpy arrays.",
@@ -1855,21 +1830,8 @@ static PyObject *init(const char *name) {
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
-    Py_INCREF(&CallType);
-    if (PyModule_AddObject(m, "Call", (PyObject *)&CallType) < 0) {
-        Py_DECREF(&CallType);
-        Py_DECREF(m);
-        return NULL;
-    }
-    Py_INCREF(&DoorType);
-    if (PyModule_AddObject(m, "Door", (PyObject *)&DoorType) < 0) {
-        Py_DECREF(&DoorType);
-        Py_DECREF(m);
-        return NULL;
-    }
-    Py_INCREF(&MethodDoorType);
-    if (PyModule_AddObject(m, "MethodDoor", (PyObject *)&MethodDoorType) < 0) {
-        Py_DECREF(&MethodDoorType);
+    if (PyModule_AddType(m, &CallType) < 0 || PyModule_AddType(m, &DoorType) < 0
+        || PyModule_AddType(m, &MethodDoorType) < 0) {
         Py_DECREF(m);
         return NULL;
     }
