@@ -819,11 +819,11 @@ static PyObject *Call_gate(Call *self, PyObject *const *args, Py_ssize_t nargs) 
         PyErr_SetString(PyExc_TypeError, "mpicoll native: gate(st, kept, env_data, engine, miss)");
         return NULL;
     }
-    if (self->kind != K_ALLREDUCE && self->kind != K_BCAST && self->kind != K_ALLTOALL && self->kind != K_GATHERV
-        && !(self->kind == K_PROGRAM && self->xrun != NULL)) {
+    if (self->kind == K_SCATTERV || self->kind == K_REDUCE_SCATTER || self->kind == K_ALLTOALLV
+        || (self->kind == K_PROGRAM && self->xrun == NULL)) {
         PyErr_SetString(PyExc_ValueError,
-                        "mpicoll native: only an all-reduce's, a bcast's, an alltoall's, a gather's or a program's "
-                        "Call (program() first) takes a gate");
+                        "mpicoll native: only an all-reduce's, a bcast's, a reduce's, an allgather's, an alltoall's, "
+                        "a gather's or a program's Call (program() first) takes a gate");
         return NULL;
     }
     PyObject *st = args[0], *kept = args[1];
@@ -1161,6 +1161,42 @@ static PyObject *kept_run(Call *self, PyObject *xo, PyObject *oo, int form) {
             goto miss;
         out = x;
         Py_INCREF(out);
+    } else if (self->kind == K_REDUCE && self->rank != self->root) {
+        /* kept.KeptReduce: no result off root (root: allreduce's modes, below) */
+        out = (PyArrayObject *)Py_None;
+        Py_INCREF(Py_None);
+    } else if (self->kind == K_ALLGATHERV) {
+        /* kept.KeptAllgather: a new out of shape (p,) + x.shape, or a given
+         * one that takes it apart from x; x copied into row ``rank``, then
+         * the library's in-place Allgatherv (mode: whether out was given) */
+        int nd = PyArray_NDIM(x);
+        npy_intp dims[NPY_MAXDIMS];
+        if (nd + 1 > NPY_MAXDIMS)
+            goto miss;
+        dims[0] = self->size;
+        for (int i = 0; i < nd; i++)
+            dims[i + 1] = PyArray_DIMS(x)[i];
+        if (self->mode == 0) {
+            PyArray_Descr *d = PyArray_DESCR(x);
+            Py_INCREF(d);
+            out = (PyArrayObject *)PyArray_NewFromDescr(&PyArray_Type, d, nd + 1, dims, NULL, NULL, 0, NULL);
+            if (out == NULL)
+                return NULL;
+        } else {
+            if (!PyArray_CheckExact(oo))
+                goto miss;
+            PyArrayObject *o = (PyArrayObject *)oo;
+            int want = NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | NPY_ARRAY_WRITEABLE;
+            if ((PyArray_FLAGS(o) & want) != want || PyArray_NDIM(o) != nd + 1
+                || !PyArray_CompareLists(PyArray_DIMS(o), dims, nd + 1) || overlaps(x, o)
+                || (PyArray_DESCR(o) != PyArray_DESCR(x) && !PyArray_EquivTypes(PyArray_DESCR(o), PyArray_DESCR(x))))
+                goto miss;
+            out = o;
+            Py_INCREF(out);
+        }
+        if (PyArray_NBYTES(x) > 0)
+            memcpy(PyArray_BYTES(out) + (Py_ssize_t)self->rank * PyArray_NBYTES(x), PyArray_DATA(x),
+                   (size_t)PyArray_NBYTES(x));
     } else if (self->kind == K_GATHERV) {
         /* kept.KeptGather: no result off root; at root a new out of the
          * kept shape, or a given one that takes it, with x apart from it or
@@ -1388,9 +1424,10 @@ static PyTypeObject CallType = {
  * arguments, which decides and raises as before. The Python door's frames
  * cost ~0.8 us of a 3 us all-reduce (p = 2, 8 B) and ~1.2 us of an I-call. */
 enum door {
-    D_ALLREDUCE = 0, D_IALLREDUCE = 1, D_BCAST = 2, D_IBCAST = 3, D_ALLTOALL = 4, D_GATHER = 5,
+    D_ALLREDUCE = 0, D_IALLREDUCE = 1, D_BCAST = 2, D_IBCAST = 3, D_ALLTOALL = 4, D_GATHER = 5, D_REDUCE = 6,
+    D_ALLGATHER = 7,
     /* mpicoll.Comm's methods (dropin.py), bound to the communicator (MethodDoor) */
-    D_COMM_ALLREDUCE = 6, D_COMM_IALLREDUCE = 7, D_COMM_BCAST = 8, D_COMM_IBCAST = 9, D_COUNT = 10
+    D_COMM_ALLREDUCE = 8, D_COMM_IALLREDUCE = 9, D_COMM_BCAST = 10, D_COMM_IBCAST = 11, D_COUNT = 12
 };
 
 /* A door's references, in Door_new's argument order: the Python function,
@@ -1494,18 +1531,26 @@ static PyObject *door_run(Door *d, PyObject *st, PyObject *key, PyObject *x, PyO
     return res;
 }
 
-/* mpicoll.allreduce(x, op="sum", *, comm=None, out=None, algorithm="auto"),
- * iallreduce, bcast(x, root=0, *, comm=None, algorithm="auto"), ibcast,
- * alltoall(x, *, comm=None, out=None, algorithm="auto"), gather(x, root=0,
- * *, comm=None, out=None, algorithm="auto"): their usual calls. */
+/* The api doors' usual calls: x, then the parameters below by position or
+ * by keyword (op defaults to "sum", root to 0), and the keywords comm, out
+ * (not bcast's) and algorithm; nothing else. The key is api.py's. */
+static const struct {
+    int op, root; /* the position of op and root after x (0: none) */
+    int out, start;
+} door_params[] = {
+    [D_ALLREDUCE] = {1, 0, 1, 0}, [D_IALLREDUCE] = {1, 0, 1, 1}, [D_BCAST] = {0, 1, 0, 0},
+    [D_IBCAST] = {0, 1, 0, 1},    [D_ALLTOALL] = {0, 0, 1, 0},   [D_GATHER] = {0, 1, 1, 0},
+    [D_REDUCE] = {1, 2, 1, 0},    [D_ALLGATHER] = {0, 0, 1, 0},
+};
+
 static PyObject *door_api(Door *d, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf), nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
-    int reduce = d->which == D_ALLREDUCE || d->which == D_IALLREDUCE;
-    int bcast = d->which == D_BCAST || d->which == D_IBCAST, start = d->which == D_IALLREDUCE || d->which == D_IBCAST;
-    int gather = d->which == D_GATHER, rooted = bcast || gather;
-    if (nargs < 1 || nargs > (d->which == D_ALLTOALL ? 1 : 2))
+    int w = d->which, opi = door_params[w].op, rooti = door_params[w].root;
+    int npos = 1 + (opi > 0) + (rooti > 0);
+    if (nargs < 1 || nargs > npos)
         return door_fallback(d, args, nargsf, kwnames);
-    PyObject *x = args[0], *second = nargs == 2 ? args[1] : (reduce ? s_sum : zero);
+    PyObject *x = args[0], *op = opi ? (nargs > opi ? args[opi] : s_sum) : NULL;
+    PyObject *root = rooti ? (nargs > rooti ? args[rooti] : zero) : NULL;
     PyObject *comm = Py_None, *out = Py_None, *algorithm = s_auto;
     for (Py_ssize_t i = 0; i < nkw; i++) {
         PyObject *k = PyTuple_GET_ITEM(kwnames, i), *v = args[nargs + i];
@@ -1513,31 +1558,50 @@ static PyObject *door_api(Door *d, PyObject *const *args, size_t nargsf, PyObjec
             comm = v;
         else if (kw_is(k, s_algorithm))
             algorithm = v;
-        else if (!bcast && kw_is(k, s_out))
+        else if (door_params[w].out && kw_is(k, s_out))
             out = v;
-        else if (nargs == 1 && ((reduce && kw_is(k, s_op)) || (rooted && kw_is(k, s_root))))
-            second = v;
+        else if (opi && nargs <= opi && kw_is(k, s_op))
+            op = v;
+        else if (rooti && nargs <= rooti && kw_is(k, s_root))
+            root = v;
         else
             return door_fallback(d, args, nargsf, kwnames);
     }
-    if (!PyArray_CheckExact(x) || !PyUnicode_CheckExact(algorithm) || (reduce && !PyUnicode_CheckExact(second))
-        || (rooted && !PyLong_CheckExact(second)))
+    if (!PyArray_CheckExact(x) || !PyUnicode_CheckExact(algorithm) || (op != NULL && !PyUnicode_CheckExact(op))
+        || (root != NULL && !PyLong_CheckExact(root)))
         return door_fallback(d, args, nargsf, kwnames);
     PyObject *st = door_state(d, comm);
     if (st == NULL)
         return PyErr_Occurred() ? NULL : door_fallback(d, args, nargsf, kwnames);
     Py_INCREF(st);
     /* the key, as api.py builds it */
-    PyObject *shape = shape_of((PyArrayObject *)x), *key = NULL, *res = NULL;
-    PyObject *descr = (PyObject *)PyArray_DESCR((PyArrayObject *)x), *mode = mode_ints[out == Py_None ? 0 : out == x ? 1 : 2];
+    PyObject *shape = shape_of((PyArrayObject *)x), *key = NULL, *res = NULL, *name = d->refs[R_NAME];
+    PyObject *descr = (PyObject *)PyArray_DESCR((PyArrayObject *)x);
+    PyObject *mode = mode_ints[out == Py_None ? 0 : out == x ? 1 : 2], *given = out == Py_None ? Py_False : Py_True;
     if (shape != NULL)
-        key = reduce   ? PyTuple_Pack(6, d->refs[R_NAME], shape, descr, second, algorithm, mode)
-              : bcast  ? PyTuple_Pack(5, d->refs[R_NAME], shape, descr, second, algorithm)
-              : gather ? PyTuple_Pack(7, d->refs[R_NAME], shape, descr, Py_None, second, algorithm,
-                                      out == Py_None ? Py_False : Py_True) /* (no counts: None) */
-                       : PyTuple_Pack(5, d->refs[R_NAME], shape, descr, algorithm, mode);
+        switch (w) {
+        case D_ALLREDUCE:
+        case D_IALLREDUCE:
+            key = PyTuple_Pack(6, name, shape, descr, op, algorithm, mode);
+            break;
+        case D_BCAST:
+        case D_IBCAST:
+            key = PyTuple_Pack(5, name, shape, descr, root, algorithm);
+            break;
+        case D_GATHER: /* (no counts: None) */
+            key = PyTuple_Pack(7, name, shape, descr, Py_None, root, algorithm, given);
+            break;
+        case D_REDUCE: /* (no dtype name: None) */
+            key = PyTuple_Pack(8, name, shape, descr, op, Py_None, root, algorithm, mode);
+            break;
+        case D_ALLGATHER:
+            key = PyTuple_Pack(5, name, shape, descr, algorithm, given);
+            break;
+        default: /* D_ALLTOALL */
+            key = PyTuple_Pack(5, name, shape, descr, algorithm, mode);
+        }
     if (key != NULL)
-        res = door_run(d, st, key, x, bcast ? Py_None : out, start);
+        res = door_run(d, st, key, x, door_params[w].out ? out : Py_None, door_params[w].start);
     Py_XDECREF(key);
     Py_XDECREF(shape);
     Py_DECREF(st);
@@ -1849,7 +1913,8 @@ static PyObject *init(const char *name) {
         {"SCATTERV", K_SCATTERV}, {"GATHERV", K_GATHERV}, {"ALLTOALL", K_ALLTOALL},
         {"REDUCE_SCATTER", K_REDUCE_SCATTER}, {"ALLTOALLV", K_ALLTOALLV}, {"PROGRAM", K_PROGRAM},
         {"D_ALLREDUCE", D_ALLREDUCE}, {"D_IALLREDUCE", D_IALLREDUCE}, {"D_BCAST", D_BCAST}, {"D_IBCAST", D_IBCAST},
-        {"D_ALLTOALL", D_ALLTOALL}, {"D_GATHER", D_GATHER}, {"D_COMM_ALLREDUCE", D_COMM_ALLREDUCE},
+        {"D_ALLTOALL", D_ALLTOALL}, {"D_GATHER", D_GATHER}, {"D_REDUCE", D_REDUCE}, {"D_ALLGATHER", D_ALLGATHER},
+        {"D_COMM_ALLREDUCE", D_COMM_ALLREDUCE},
         {"D_COMM_IALLREDUCE", D_COMM_IALLREDUCE}, {"D_COMM_BCAST", D_COMM_BCAST}, {"D_COMM_IBCAST", D_COMM_IBCAST}};
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
         if (PyModule_AddIntConstant(m, kinds[i].name, kinds[i].v) < 0) {

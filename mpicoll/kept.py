@@ -110,8 +110,9 @@ class _KeptCall(_Kept):
     __slots__ = ("call", "mode", "nat", "fast")
 
     # Whether nat, once a call ran through it, is gated to run the whole
-    # call in C (csrc/native.c: bcast's, alltoall's and gather's, whose
-    # checks it knows); the front door then calls ``fast`` first (api._door).
+    # call in C (csrc/native.c: bcast's, reduce's, allgather's, alltoall's
+    # and gather's, whose checks it knows); the front door then calls
+    # ``fast`` first (api._door).
     GATED = False
 
     def __init__(self, st, call):
@@ -485,6 +486,10 @@ class KeptReduce(_KeptCall):
             return [x, dt], None, self.op, self.root
         return MPI.IN_PLACE if out is x else [x, dt], [out, dt], self.op, self.root
 
+    def _gate(self, nat):
+        # (gated whole in C, but for avg: its division stays here)
+        _gate(self, nat, not self.red.op.average)
+
     def _nat_bufs(self, x, out):
         return (None if out is x else x, out)
 
@@ -505,7 +510,9 @@ class KeptReduce(_KeptCall):
 class KeptAllgather(_KeptCall):
     """allgather: x placed in row ``rank`` of the result, then the MPI
     library's in-place MPI_Allgatherv over equal byte blocks (the full
-    path's call)."""
+    path's call). Gated (csrc/native.c does the same, x's row included)."""
+
+    GATED = True
 
     __slots__ = ("spec",)
 

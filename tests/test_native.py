@@ -667,7 +667,7 @@ def test_a_failed_program_run_in_c_raises_on_every_rank_and_the_next_works(comm)
 
 
 def test_gated_doors_in_c_serve_the_usual_calls_and_hand_on_the_rest(comm, monkeypatch):
-    """mpicoll.allreduce/iallreduce/bcast/ibcast/alltoall/gather are native.Door
+    """mpicoll.allreduce/iallreduce/bcast/ibcast/alltoall/gather/reduce/allgather are native.Door
     objects (csrc/native.c) over their Python functions. A repeated call with
     the usual arguments - positional or keyword op/root, comm, out (none,
     in place, another array), algorithm - builds the key the function builds
@@ -675,7 +675,8 @@ def test_gated_doors_in_c_serve_the_usual_calls_and_hand_on_the_rest(comm, monke
     the function (``fallbacks``), mpi4py's results. Every other call (an
     MPI.Op, another keyword, a wrong argument) is handed to the function,
     which serves or refuses it as before."""
-    doors = [mpicoll.allreduce, mpicoll.iallreduce, mpicoll.bcast, mpicoll.ibcast, mpicoll.alltoall, mpicoll.gather]
+    doors = [mpicoll.allreduce, mpicoll.iallreduce, mpicoll.bcast, mpicoll.ibcast, mpicoll.alltoall, mpicoll.gather,
+             mpicoll.reduce, mpicoll.allgather]
     if native.module() is None:
         pytest.skip("native calls not built or turned off at import")
     assert all(type(d) is native.module().Door for d in doors)
@@ -705,6 +706,18 @@ def test_gated_doors_in_c_serve_the_usual_calls_and_hand_on_the_rest(comm, monke
         b = np.full(3, float(r + i))
         a2 = np.empty_like(xs)
         a3 = np.empty((p, 2), np.int32)
+        a4 = np.empty((p, 2), np.int32)
+        y2 = x.copy()
+
+        def reduced_at_root(v, op):
+            w = np.empty_like(v) if r == root else None
+            comm.Reduce(v, w, op, root)
+            return w
+
+        def everyone(v):
+            w = np.empty((p,) + v.shape, v.dtype)
+            comm.Allgather(v, w)
+            return w
 
         def gathered(v):  # root's rows, None elsewhere (an array of None compares equal to None)
             w = np.empty((p,) + v.shape, v.dtype) if r == root else None
@@ -725,6 +738,15 @@ def test_gated_doors_in_c_serve_the_usual_calls_and_hand_on_the_rest(comm, monke
             (lambda: given(mpicoll.alltoall(xs, comm=comm, out=a2), a2), g),
             (lambda: mpicoll.gather(xs[0], root, comm=comm), gathered(xs[0])),
             (lambda: mpicoll.gather(xs[0], root=root, comm=comm, out=a3 if r == root else None), gathered(xs[0])),
+            (lambda: mpicoll.reduce(x, "sum", root, comm=comm), reduced_at_root(x, MPI.SUM)),
+            # (sum and prod: what the library's algorithm serves; auto runs
+            # min and max as mpicoll's tree, which builds its plan per call)
+            (lambda: mpicoll.reduce(x, op="prod", root=root, comm=comm, out=o if r == root else None),
+             reduced_at_root(x, MPI.PROD)),
+            (lambda: mpicoll.reduce(y2, "sum", root, comm=comm, out=y2) if r == root else
+             mpicoll.reduce(x, "sum", root, comm=comm), reduced_at_root(x, MPI.SUM)),
+            (lambda: mpicoll.allgather(xs[0], comm=comm), everyone(xs[0])),
+            (lambda: given(mpicoll.allgather(xs[0], comm=comm, out=a4), a4), everyone(xs[0])),
         ]
 
     for i in range(6):
