@@ -1427,7 +1427,9 @@ enum door {
     D_ALLREDUCE = 0, D_IALLREDUCE = 1, D_BCAST = 2, D_IBCAST = 3, D_ALLTOALL = 4, D_GATHER = 5, D_REDUCE = 6,
     D_ALLGATHER = 7,
     /* mpicoll.Comm's methods (dropin.py), bound to the communicator (MethodDoor) */
-    D_COMM_ALLREDUCE = 8, D_COMM_IALLREDUCE = 9, D_COMM_BCAST = 10, D_COMM_IBCAST = 11, D_COUNT = 12
+    D_COMM_ALLREDUCE = 8, D_COMM_IALLREDUCE = 9, D_COMM_BCAST = 10, D_COMM_IBCAST = 11, D_COMM_REDUCE = 12,
+    D_COMM_IREDUCE = 13, D_COMM_ALLGATHER = 14, D_COMM_IALLGATHER = 15, D_COMM_ALLTOALL = 16, D_COMM_IALLTOALL = 17,
+    D_COUNT = 18
 };
 
 /* A door's references, in Door_new's argument order: the Python function,
@@ -1611,92 +1613,198 @@ static PyObject *door_api(Door *d, PyObject *const *args, size_t nargsf, PyObjec
     return door_fallback(d, args, nargsf, kwnames);
 }
 
-/* mpicoll.Comm's Allreduce(self, sendbuf, recvbuf, op=MPI.SUM, *,
- * algorithm="auto"), Iallreduce, Bcast(self, buf, root=0, *, algorithm),
- * Ibcast, on plain 1-d arrays: the kept entry the api door filed (what the
- * generated method reaches through _allreduce/_bcast, _door and the api
- * function; dropin.py's table says which rows have a door). */
+/* mpicoll.Comm's methods with a door, in mpi4py's argument order after
+ * self: their buffers, then op and root where they take them (positions
+ * in args, self being 0; 0: none), and the keyword algorithm. */
+static const struct {
+    int nbufs, op, root, start;
+} comm_params[] = {
+    [D_COMM_ALLREDUCE - D_COMM_ALLREDUCE] = {2, 3, 0, 0}, [D_COMM_IALLREDUCE - D_COMM_ALLREDUCE] = {2, 3, 0, 1},
+    [D_COMM_BCAST - D_COMM_ALLREDUCE] = {1, 0, 2, 0},     [D_COMM_IBCAST - D_COMM_ALLREDUCE] = {1, 0, 2, 1},
+    [D_COMM_REDUCE - D_COMM_ALLREDUCE] = {2, 3, 4, 0},    [D_COMM_IREDUCE - D_COMM_ALLREDUCE] = {2, 3, 4, 1},
+    [D_COMM_ALLGATHER - D_COMM_ALLREDUCE] = {2, 0, 0, 0}, [D_COMM_IALLGATHER - D_COMM_ALLREDUCE] = {2, 0, 0, 1},
+    [D_COMM_ALLTOALL - D_COMM_ALLREDUCE] = {2, 0, 0, 0},  [D_COMM_IALLTOALL - D_COMM_ALLREDUCE] = {2, 0, 0, 1},
+};
+
+/* The kernel op's name for (dtype, MPI.Op), as dropin._fast_op decided it
+ * (its _FAST_OPS; borrowed), or NULL (with an error only if one occurred). */
+static PyObject *op_name(Door *d, PyArrayObject *a, PyObject *op) {
+    if (Py_TYPE(op) != (PyTypeObject *)d->refs[R_OP_TYPE])
+        return NULL;
+    PyObject *ops = PyDict_GetItemWithError(d->refs[R_GLOBALS], s_fast_ops_), *h = NULL, *pair = NULL, *name = NULL;
+    if (ops != NULL && PyDict_Check(ops) && (h = PyObject_GetAttr(op, s_handle)) != NULL
+        && (pair = PyTuple_Pack(2, (PyObject *)PyArray_DESCR(a), h)) != NULL)
+        name = PyDict_GetItemWithError(ops, pair);
+    Py_XDECREF(h);
+    Py_XDECREF(pair);
+    return name != NULL && PyUnicode_CheckExact(name) ? name : NULL;
+}
+
+/* a plain array of a kind mpi4py maps (dropin's PLAIN_KINDS): 1, 0, -1 */
+static int plain_kind(Door *d, PyArrayObject *a) {
+    PyObject *kind = PyUnicode_FromOrdinal(PyArray_DESCR(a)->kind);
+    int plain = kind == NULL ? -1 : PySequence_Contains(d->refs[R_PLAIN_KINDS], kind);
+    Py_XDECREF(kind);
+    return plain;
+}
+
+/* ``a`` (C-contiguous) as an array of ``dims`` (itself if it has them):
+ * dropin's ``reshape`` of the receive buffer. */
+static PyObject *as_shape(PyArrayObject *a, int nd, npy_intp *dims) {
+    if (PyArray_NDIM(a) == nd && PyArray_CompareLists(PyArray_DIMS(a), dims, nd)) {
+        Py_INCREF(a);
+        return (PyObject *)a;
+    }
+    PyArray_Dims shape = {dims, nd};
+    return PyArray_Newshape(a, &shape, NPY_CORDER);
+}
+
+/* The in-place rule of Allreduce and of Reduce's root: the receive buffer
+ * (or IN_PLACE, or None) as send buffer is mode 1, a separate array of its
+ * dtype and shape mode 2; -1: neither (the method decides). */
+static int reduce_mode(Door *d, PyObject *sendbuf, PyArrayObject *recvbuf, PyObject **x) {
+    if (sendbuf == (PyObject *)recvbuf || sendbuf == d->refs[R_IN_PLACE] || sendbuf == Py_None) {
+        *x = (PyObject *)recvbuf;
+        return 1;
+    }
+    if (PyArray_CheckExact(sendbuf) && PyArray_NDIM((PyArrayObject *)sendbuf) == 1
+        && PyArray_DIMS((PyArrayObject *)sendbuf)[0] == PyArray_DIMS(recvbuf)[0]
+        && PyArray_EquivTypes(PyArray_DESCR((PyArrayObject *)sendbuf), PyArray_DESCR(recvbuf))) {
+        *x = sendbuf;
+        return 2;
+    }
+    return -1;
+}
+
+/* mpicoll.Comm's Allreduce, Bcast, Reduce, Allgather and Alltoall (and
+ * their I-forms) on plain arrays: the kept entry the api door filed (what
+ * the generated method reaches through its _<collective> method, _door and
+ * the api function), with the arrays the method would pass it. Returns
+ * what the method returns (None; the request), or miss. */
+static PyObject *door_comm_run(Door *d, PyObject *const *args, PyObject *second, PyObject *root,
+                               PyObject *algorithm, PyObject *st) {
+    int w = d->which, start = comm_params[w - D_COMM_ALLREDUCE].start;
+    PyObject *name = d->refs[R_NAME], *x = NULL, *out = Py_None, *key = NULL, *shape = NULL, *res = NULL, *opn;
+    PyObject *va = NULL, *vb = NULL; /* reshaped views */
+    PyObject *v = PyObject_GetAttrString(st, "size"), *rv = PyObject_GetAttrString(st, "rank");
+    long p = v == NULL ? -1 : PyLong_AsLong(v), rank = rv == NULL ? -1 : PyLong_AsLong(rv);
+    Py_XDECREF(v);
+    Py_XDECREF(rv);
+    long rt = root == NULL ? -1 : PyLong_AsLong(root);
+    if (p <= 0 || rank < 0 || PyErr_Occurred()) {
+        PyErr_Clear(); /* (a root out of long's range: the method's error) */
+        goto done;
+    }
+    if (w == D_COMM_ALLREDUCE || w == D_COMM_IALLREDUCE || ((w == D_COMM_REDUCE || w == D_COMM_IREDUCE) && rt == rank)) {
+        if (!PyArray_CheckExact(args[2]) || PyArray_NDIM((PyArrayObject *)args[2]) != 1)
+            goto done;
+        PyArrayObject *r = (PyArrayObject *)args[2];
+        int mode = reduce_mode(d, args[1], r, &x);
+        if (mode < 0 || (opn = op_name(d, r, second)) == NULL || (shape = shape_of(r)) == NULL)
+            goto done;
+        out = (PyObject *)r;
+        key = root == NULL ? PyTuple_Pack(6, name, shape, (PyObject *)PyArray_DESCR(r), opn, algorithm, mode_ints[mode])
+                           : PyTuple_Pack(8, name, shape, (PyObject *)PyArray_DESCR(r), opn, Py_None, root, algorithm,
+                                          mode_ints[mode]);
+    } else if (w == D_COMM_REDUCE || w == D_COMM_IREDUCE) {
+        /* off root: the send buffer only (mpi4py ignores recvbuf there) */
+        if (!PyArray_CheckExact(args[1]) || PyArray_NDIM((PyArrayObject *)args[1]) != 1)
+            goto done;
+        PyArrayObject *a = (PyArrayObject *)args[1];
+        if ((opn = op_name(d, a, second)) == NULL || (shape = shape_of(a)) == NULL)
+            goto done;
+        x = (PyObject *)a;
+        key = PyTuple_Pack(8, name, shape, (PyObject *)PyArray_DESCR(a), opn, Py_None, root, algorithm, mode_ints[0]);
+    } else if (w == D_COMM_BCAST || w == D_COMM_IBCAST) {
+        if (!PyArray_CheckExact(args[1]) || plain_kind(d, (PyArrayObject *)args[1]) <= 0
+            || (shape = shape_of((PyArrayObject *)args[1])) == NULL)
+            goto done;
+        x = args[1];
+        key = PyTuple_Pack(5, name, shape, (PyObject *)PyArray_DESCR((PyArrayObject *)x), root, algorithm);
+    } else {
+        /* Allgather, Alltoall: two plain C-contiguous arrays of one dtype,
+         * reshaped as the method reshapes them */
+        if (!PyArray_CheckExact(args[1]) || !PyArray_CheckExact(args[2]))
+            goto done;
+        PyArrayObject *a = (PyArrayObject *)args[1], *b = (PyArrayObject *)args[2];
+        if (!PyArray_IS_C_CONTIGUOUS(a) || !PyArray_IS_C_CONTIGUOUS(b)
+            || !PyArray_EquivTypes(PyArray_DESCR(a), PyArray_DESCR(b)) || plain_kind(d, a) <= 0)
+            goto done;
+        npy_intp dims[NPY_MAXDIMS];
+        if (w == D_COMM_ALLGATHER || w == D_COMM_IALLGATHER) {
+            int nd = PyArray_NDIM(a);
+            if (nd + 1 > NPY_MAXDIMS || PyArray_SIZE(b) != p * PyArray_SIZE(a) || (shape = shape_of(a)) == NULL)
+                goto done;
+            dims[0] = p;
+            for (int i = 0; i < nd; i++)
+                dims[i + 1] = PyArray_DIMS(a)[i];
+            if ((vb = as_shape(b, nd + 1, dims)) == NULL)
+                goto done;
+            x = (PyObject *)a;
+            out = vb;
+            key = PyTuple_Pack(5, name, shape, (PyObject *)PyArray_DESCR(a), algorithm, Py_True);
+        } else {
+            if (PyArray_SIZE(a) != PyArray_SIZE(b) || PyArray_SIZE(a) % p)
+                goto done;
+            dims[0] = p;
+            dims[1] = PyArray_SIZE(a) / p;
+            if ((va = as_shape(a, 2, dims)) == NULL || (vb = as_shape(b, 2, dims)) == NULL
+                || (shape = shape_of((PyArrayObject *)va)) == NULL)
+                goto done;
+            x = va;
+            out = vb;
+            key = PyTuple_Pack(5, name, shape, (PyObject *)PyArray_DESCR(a), algorithm, mode_ints[2]);
+        }
+    }
+    if (key != NULL)
+        res = door_run(d, st, key, x, out, start);
+done:
+    Py_XDECREF(key);
+    Py_XDECREF(shape);
+    Py_XDECREF(va);
+    Py_XDECREF(vb);
+    if (res == NULL && !PyErr_Occurred()) {
+        Py_INCREF(d->refs[R_MISS]);
+        res = d->refs[R_MISS];
+    }
+    return res;
+}
+
 static PyObject *door_comm(Door *d, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf), nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
-    int reduce = d->which == D_COMM_ALLREDUCE || d->which == D_COMM_IALLREDUCE;
-    int start = d->which == D_COMM_IALLREDUCE || d->which == D_COMM_IBCAST;
-    int lead = reduce ? 3 : 2; /* self and the buffers */
-    if (nargs < lead || nargs > lead + 1 || d->refs[R_GLOBALS] == NULL)
+    int w = d->which, lead = 1 + comm_params[w - D_COMM_ALLREDUCE].nbufs; /* self and the buffers */
+    int opi = comm_params[w - D_COMM_ALLREDUCE].op, rooti = comm_params[w - D_COMM_ALLREDUCE].root;
+    if (nargs < lead || nargs > lead + (opi > 0) + (rooti > 0))
         return door_fallback(d, args, nargsf, kwnames);
-    PyObject *self = args[0], *second = nargs > lead ? args[lead] : (reduce ? d->refs[R_SUM_OP] : zero);
-    PyObject *algorithm = s_auto;
+    PyObject *op = opi ? (nargs > opi ? args[opi] : d->refs[R_SUM_OP]) : NULL;
+    PyObject *root = rooti ? (nargs > rooti ? args[rooti] : zero) : NULL, *algorithm = s_auto;
     for (Py_ssize_t i = 0; i < nkw; i++) {
         PyObject *k = PyTuple_GET_ITEM(kwnames, i), *v = args[nargs + i];
         if (kw_is(k, s_algorithm))
             algorithm = v;
-        else if (nargs == lead && kw_is(k, reduce ? s_op : s_root))
-            second = v;
+        else if (opi && nargs <= opi && kw_is(k, s_op))
+            op = v;
+        else if (rooti && nargs <= rooti && kw_is(k, s_root))
+            root = v;
         else
             return door_fallback(d, args, nargsf, kwnames);
     }
     PyObject *calls = PyDict_GetItemWithError(d->refs[R_GLOBALS], s_calls_); /* counting: the Python path counts */
-    if (calls != Py_None || !PyUnicode_CheckExact(algorithm))
+    if (calls != Py_None || !PyUnicode_CheckExact(algorithm) || (root != NULL && !PyLong_CheckExact(root)))
         return PyErr_Occurred() ? NULL : door_fallback(d, args, nargsf, kwnames);
-    PyObject *x, *out, *key = NULL, *shape = NULL, *res = NULL;
-    PyArrayObject *buf;
-    if (reduce) {
-        PyObject *sendbuf = args[1], *recvbuf = args[2];
-        if (!PyArray_CheckExact(recvbuf) || Py_TYPE(second) != (PyTypeObject *)d->refs[R_OP_TYPE]
-            || PyArray_NDIM((PyArrayObject *)recvbuf) != 1)
-            return door_fallback(d, args, nargsf, kwnames);
-        buf = (PyArrayObject *)recvbuf;
-        int mode;
-        if (sendbuf == recvbuf || sendbuf == d->refs[R_IN_PLACE] || sendbuf == Py_None) {
-            x = recvbuf;
-            mode = 1;
-        } else if (PyArray_CheckExact(sendbuf) && PyArray_NDIM((PyArrayObject *)sendbuf) == 1
-                   && PyArray_DIMS((PyArrayObject *)sendbuf)[0] == PyArray_DIMS(buf)[0]
-                   && PyArray_EquivTypes(PyArray_DESCR((PyArrayObject *)sendbuf), PyArray_DESCR(buf))) {
-            x = sendbuf;
-            mode = 2;
-        } else
-            return door_fallback(d, args, nargsf, kwnames);
-        /* the kernel op's name, as _fast_op decided it for (dtype, op.handle) */
-        PyObject *ops = PyDict_GetItemWithError(d->refs[R_GLOBALS], s_fast_ops_), *h = NULL, *pair = NULL, *name = NULL;
-        if (ops != NULL && PyDict_Check(ops) && (h = PyObject_GetAttr(second, s_handle)) != NULL
-            && (pair = PyTuple_Pack(2, (PyObject *)PyArray_DESCR(buf), h)) != NULL)
-            name = PyDict_GetItemWithError(ops, pair);
-        Py_XDECREF(h);
-        Py_XDECREF(pair);
-        if (name == NULL || !PyUnicode_CheckExact(name))
-            return PyErr_Occurred() ? NULL : door_fallback(d, args, nargsf, kwnames);
-        out = recvbuf;
-        if ((shape = shape_of(buf)) != NULL)
-            key = PyTuple_Pack(6, d->refs[R_NAME], shape, (PyObject *)PyArray_DESCR(buf), name, algorithm, mode_ints[mode]);
-    } else {
-        x = args[1];
-        if (!PyArray_CheckExact(x) || !PyLong_CheckExact(second))
-            return door_fallback(d, args, nargsf, kwnames);
-        buf = (PyArrayObject *)x;
-        PyObject *kind = PyUnicode_FromOrdinal(PyArray_DESCR(buf)->kind);
-        int plain = kind == NULL ? -1 : PySequence_Contains(d->refs[R_PLAIN_KINDS], kind);
-        Py_XDECREF(kind);
-        if (plain <= 0)
-            return plain < 0 ? NULL : door_fallback(d, args, nargsf, kwnames);
-        out = Py_None;
-        if ((shape = shape_of(buf)) != NULL)
-            key = PyTuple_Pack(5, d->refs[R_NAME], shape, (PyObject *)PyArray_DESCR(buf), second, algorithm);
-    }
-    PyObject *st = key == NULL ? NULL : door_state(d, self);
-    if (st != NULL) {
-        Py_INCREF(st);
-        res = door_run(d, st, key, x, out, start);
-        Py_DECREF(st);
-    }
-    Py_XDECREF(key);
-    Py_XDECREF(shape);
+    PyObject *st = door_state(d, args[0]), *res;
+    if (st == NULL)
+        return PyErr_Occurred() ? NULL : door_fallback(d, args, nargsf, kwnames);
+    Py_INCREF(st);
+    res = door_comm_run(d, args, op, root, algorithm, st);
+    Py_DECREF(st);
     if (res == NULL)
-        return PyErr_Occurred() ? NULL : door_fallback(d, args, nargsf, kwnames);
+        return NULL;
     if (res == d->refs[R_MISS]) {
         Py_DECREF(res);
         return door_fallback(d, args, nargsf, kwnames);
     }
-    if (start)
+    if (comm_params[w - D_COMM_ALLREDUCE].start)
         return res;
     Py_DECREF(res); /* mpi4py's blocking methods return None */
     Py_RETURN_NONE;
@@ -1915,7 +2023,10 @@ static PyObject *init(const char *name) {
         {"D_ALLREDUCE", D_ALLREDUCE}, {"D_IALLREDUCE", D_IALLREDUCE}, {"D_BCAST", D_BCAST}, {"D_IBCAST", D_IBCAST},
         {"D_ALLTOALL", D_ALLTOALL}, {"D_GATHER", D_GATHER}, {"D_REDUCE", D_REDUCE}, {"D_ALLGATHER", D_ALLGATHER},
         {"D_COMM_ALLREDUCE", D_COMM_ALLREDUCE},
-        {"D_COMM_IALLREDUCE", D_COMM_IALLREDUCE}, {"D_COMM_BCAST", D_COMM_BCAST}, {"D_COMM_IBCAST", D_COMM_IBCAST}};
+        {"D_COMM_IALLREDUCE", D_COMM_IALLREDUCE}, {"D_COMM_BCAST", D_COMM_BCAST}, {"D_COMM_IBCAST", D_COMM_IBCAST},
+        {"D_COMM_REDUCE", D_COMM_REDUCE}, {"D_COMM_IREDUCE", D_COMM_IREDUCE}, {"D_COMM_ALLGATHER", D_COMM_ALLGATHER},
+        {"D_COMM_IALLGATHER", D_COMM_IALLGATHER}, {"D_COMM_ALLTOALL", D_COMM_ALLTOALL},
+        {"D_COMM_IALLTOALL", D_COMM_IALLTOALL}};
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
         if (PyModule_AddIntConstant(m, kinds[i].name, kinds[i].v) < 0) {
             Py_DECREF(m);

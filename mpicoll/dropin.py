@@ -825,17 +825,17 @@ class Comm(MPI.Intracomm):
 # inspect show it) at the cost of a plain method call.
 _METHODS = (
     ("Allreduce", "sendbuf, recvbuf, op=MPI.SUM", "_allreduce", "", "ALLREDUCE"),
-    ("Reduce", "sendbuf, recvbuf, op=MPI.SUM, root=0", "_reduce", "", None),
+    ("Reduce", "sendbuf, recvbuf, op=MPI.SUM, root=0", "_reduce", "", "REDUCE"),
     ("Reduce_scatter_block", "sendbuf, recvbuf, op=MPI.SUM", "_reduce_scatter_block", "", None),
     ("Reduce_scatter", "sendbuf, recvbuf, recvcounts=None, op=MPI.SUM", "_reduce_scatter", "", None),
     ("Bcast", "buf, root=0", "_bcast", "", "BCAST"),
-    ("Allgather", "sendbuf, recvbuf", "_allgather", "", None),
+    ("Allgather", "sendbuf, recvbuf", "_allgather", "", "ALLGATHER"),
     ("Scatter", "sendbuf, recvbuf, root=0", "_scatter", "'Scatter', ", None),
     ("Scatterv", "sendbuf, recvbuf, root=0", "_scatter", "'Scatterv', ", None),
     ("Gather", "sendbuf, recvbuf, root=0", "_gather", "'Gather', ", None),
     ("Gatherv", "sendbuf, recvbuf, root=0", "_gather", "'Gatherv', ", None),
     ("Allgatherv", "sendbuf, recvbuf", "_allgatherv", "", None),
-    ("Alltoall", "sendbuf, recvbuf", "_alltoall", "'Alltoall', ", None),
+    ("Alltoall", "sendbuf, recvbuf", "_alltoall", "'Alltoall', ", "ALLTOALL"),
     ("Alltoallv", "sendbuf, recvbuf", "_alltoall", "'Alltoallv', ", None),
 )
 

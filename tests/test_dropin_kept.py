@@ -258,7 +258,8 @@ def test_dropin_fast_and_general_paths_agree_across_ranks(comm, size):
 
 @pytest.mark.parametrize("algorithm", ["auto", "mpi", "recursive_doubling"])
 def test_dropin_short_paths_serve_every_allreduce_and_bcast_form(comm, algorithm, monkeypatch):
-    """Allreduce/Iallreduce and Bcast/Ibcast on plain 1-d arrays are served,
+    """Allreduce, Bcast, Reduce, Allgather, Alltoall and their I-forms on
+    plain arrays are served,
     once their signature is kept (and gated), by the kept entry's C call
     straight from the method (native.MethodDoor, where built), in every
     buffer form: a separate send buffer (the most usual, and the one
@@ -293,6 +294,32 @@ def test_dropin_short_paths_serve_every_allreduce_and_bcast_form(comm, algorithm
         (c.Ibcast(b, p - 1, **kw).Wait() if start else c.Bcast(b, p - 1, **kw))
         return b
 
+    def others(c, i):
+        """Reduce (root in place, root apart, off root), Allgather and
+        Alltoall (flat buffers the method reshapes), each form: what every
+        rank received."""
+        root = p - 1
+        got = []
+        for start in (False, True):
+            x = np.arange(4, dtype=np.int64) * (r + 2) - i
+            y = np.full(4, -1, np.int64)
+            wait = (lambda q: q.Wait()) if start else (lambda q: None)
+            name = "I" if start else ""
+            wait(getattr(c, name + "reduce" if start else "Reduce")(x, y, MPI.SUM, root))
+            got.append(y.copy() if r == root else None)
+            z = x.copy()
+            wait(getattr(c, name + "reduce" if start else "Reduce")(
+                MPI.IN_PLACE if r == root else z, z if r == root else None, op=MPI.PROD, root=root))
+            got.append(z.copy() if r == root else None)
+            g = np.full(4 * p, -1, np.int64)
+            wait(getattr(c, "Iallgather" if start else "Allgather")(x, g))
+            got.append(g)
+            a = np.arange(2 * p, dtype=np.float32) + 100 * r + i
+            t = np.full(2 * p, -1, np.float32)
+            wait(getattr(c, "Ialltoall" if start else "Alltoall")(a, t))
+            got.append(t)
+        return got
+
     for i in range(6):
         if i == 3:
             doors.clear()
@@ -302,6 +329,11 @@ def test_dropin_short_paths_serve_every_allreduce_and_bcast_form(comm, algorithm
                 np.testing.assert_array_equal(got, want, err_msg=f"{form}, start={start}, round {i}")
         for start in (False, True):
             np.testing.assert_array_equal(bcast(mc, start, i), bcast(comm, start, i))
+        for k, (got, want) in enumerate(zip(others(mc, i), others(comm, i))):
+            if want is None:
+                assert got is None
+            else:
+                np.testing.assert_array_equal(got, want, err_msg=f"call {k}, round {i}")
     from mpicoll import native
     if native.enabled() and p > 1 and algorithm != "recursive_doubling":
         assert doors == [], doors
