@@ -1131,6 +1131,25 @@ static int usual(Call *self) {
     return running ? (running < 0 ? -1 : 0) : 1;
 }
 
+/* A new array of x's dtype and ``dims``: a result the call makes. */
+static PyArrayObject *new_like(PyArrayObject *x, int nd, npy_intp *dims) {
+    PyArray_Descr *d = PyArray_DESCR(x);
+    Py_INCREF(d);
+    return (PyArrayObject *)PyArray_NewFromDescr(&PyArray_Type, d, nd, dims, NULL, NULL, 0, NULL);
+}
+
+/* ``oo`` takes a result of x's dtype and ``dims`` as it is: an exact numpy
+ * array of that shape and dtype, C-contiguous, aligned, writable
+ * (kept._out_ok; overlap with x is each caller's rule). */
+static int takes(PyObject *oo, PyArrayObject *x, int nd, npy_intp *dims) {
+    if (!PyArray_CheckExact(oo))
+        return 0;
+    PyArrayObject *o = (PyArrayObject *)oo;
+    int want = NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | NPY_ARRAY_WRITEABLE;
+    return (PyArray_FLAGS(o) & want) == want && PyArray_NDIM(o) == nd && PyArray_CompareLists(PyArray_DIMS(o), dims, nd)
+           && (PyArray_DESCR(o) == PyArray_DESCR(x) || PyArray_EquivTypes(PyArray_DESCR(o), PyArray_DESCR(x)));
+}
+
 /* The kept all-reduce (bcast, alltoall) on (x, out), blocking (returns the
  * result) or started (F_START: see start_kept); ``miss`` for anything
  * unusual. */
@@ -1177,21 +1196,12 @@ static PyObject *kept_run(Call *self, PyObject *xo, PyObject *oo, int form) {
         for (int i = 0; i < nd; i++)
             dims[i + 1] = PyArray_DIMS(x)[i];
         if (self->mode == 0) {
-            PyArray_Descr *d = PyArray_DESCR(x);
-            Py_INCREF(d);
-            out = (PyArrayObject *)PyArray_NewFromDescr(&PyArray_Type, d, nd + 1, dims, NULL, NULL, 0, NULL);
-            if (out == NULL)
+            if ((out = new_like(x, nd + 1, dims)) == NULL)
                 return NULL;
         } else {
-            if (!PyArray_CheckExact(oo))
+            if (!takes(oo, x, nd + 1, dims) || overlaps(x, (PyArrayObject *)oo))
                 goto miss;
-            PyArrayObject *o = (PyArrayObject *)oo;
-            int want = NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | NPY_ARRAY_WRITEABLE;
-            if ((PyArray_FLAGS(o) & want) != want || PyArray_NDIM(o) != nd + 1
-                || !PyArray_CompareLists(PyArray_DIMS(o), dims, nd + 1) || overlaps(x, o)
-                || (PyArray_DESCR(o) != PyArray_DESCR(x) && !PyArray_EquivTypes(PyArray_DESCR(o), PyArray_DESCR(x))))
-                goto miss;
-            out = o;
+            out = (PyArrayObject *)oo;
             Py_INCREF(out);
         }
         if (PyArray_NBYTES(x) > 0)
@@ -1205,20 +1215,12 @@ static PyObject *kept_run(Call *self, PyObject *xo, PyObject *oo, int form) {
             out = (PyArrayObject *)Py_None; /* (only ever passed on and returned as an object) */
             Py_INCREF(Py_None);
         } else if (oo == Py_None) {
-            PyArray_Descr *d = PyArray_DESCR(x);
-            Py_INCREF(d);
-            out = (PyArrayObject *)PyArray_NewFromDescr(&PyArray_Type, d, self->gnd, self->gdims, NULL, NULL, 0, NULL);
-            if (out == NULL)
+            if ((out = new_like(x, self->gnd, self->gdims)) == NULL)
                 return NULL;
         } else {
-            if (!PyArray_CheckExact(oo))
+            if (!takes(oo, x, self->gnd, self->gdims))
                 goto miss;
             PyArrayObject *o = (PyArrayObject *)oo;
-            int want = NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | NPY_ARRAY_WRITEABLE;
-            if ((PyArray_FLAGS(o) & want) != want || PyArray_NDIM(o) != self->gnd
-                || !PyArray_CompareLists(PyArray_DIMS(o), self->gdims, self->gnd)
-                || (PyArray_DESCR(o) != PyArray_DESCR(x) && !PyArray_EquivTypes(PyArray_DESCR(o), PyArray_DESCR(x))))
-                goto miss;
             if (PyArray_NBYTES(x) > 0 && overlaps(x, o)
                 && (PyArray_BYTES(x) != PyArray_BYTES(o) + self->displs[self->root]
                     || PyArray_NBYTES(x) != self->counts[self->root]))
@@ -1227,11 +1229,7 @@ static PyObject *kept_run(Call *self, PyObject *xo, PyObject *oo, int form) {
             Py_INCREF(out);
         }
     } else if (self->mode == 0) {
-        PyArray_Descr *d = PyArray_DESCR(x);
-        Py_INCREF(d);
-        out = (PyArrayObject *)PyArray_NewFromDescr(&PyArray_Type, d, PyArray_NDIM(x), PyArray_DIMS(x), NULL, NULL,
-                                                    0, NULL);
-        if (out == NULL)
+        if ((out = new_like(x, PyArray_NDIM(x), PyArray_DIMS(x))) == NULL)
             return NULL;
     } else if (self->mode == 1) {
         /* (kept.KeptAlltoall takes no out that overlaps x: the Python path) */
@@ -1461,6 +1459,30 @@ static int kw_is(PyObject *k, PyObject *name) {
     return k == name || PyUnicode_Compare(k, name) == 0;
 }
 
+/* A door call's keywords: comm and out where the door takes them (non-NULL),
+ * algorithm, and op/root (at positions opi/rooti, 0: none) where they were
+ * not given by position. 0: another keyword (the function decides). */
+static int door_keywords(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, PyObject **comm, PyObject **out,
+                         PyObject **algorithm, int opi, PyObject **op, int rooti, PyObject **root) {
+    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    for (Py_ssize_t i = 0; i < nkw; i++) {
+        PyObject *k = PyTuple_GET_ITEM(kwnames, i), *v = args[nargs + i];
+        if (comm != NULL && kw_is(k, s_comm))
+            *comm = v;
+        else if (kw_is(k, s_algorithm))
+            *algorithm = v;
+        else if (out != NULL && kw_is(k, s_out))
+            *out = v;
+        else if (opi && nargs <= opi && kw_is(k, s_op))
+            *op = v;
+        else if (rooti && nargs <= rooti && kw_is(k, s_root))
+            *root = v;
+        else
+            return 0;
+    }
+    return 1;
+}
+
 /* The communicator's CommState (borrowed), NULL without an error when it has none. */
 static PyObject *door_state(Door *d, PyObject *comm) {
     if (comm == Py_None)
@@ -1546,7 +1568,7 @@ static const struct {
 };
 
 static PyObject *door_api(Door *d, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
-    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf), nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     int w = d->which, opi = door_params[w].op, rooti = door_params[w].root;
     int npos = 1 + (opi > 0) + (rooti > 0);
     if (nargs < 1 || nargs > npos)
@@ -1554,21 +1576,9 @@ static PyObject *door_api(Door *d, PyObject *const *args, size_t nargsf, PyObjec
     PyObject *x = args[0], *op = opi ? (nargs > opi ? args[opi] : s_sum) : NULL;
     PyObject *root = rooti ? (nargs > rooti ? args[rooti] : zero) : NULL;
     PyObject *comm = Py_None, *out = Py_None, *algorithm = s_auto;
-    for (Py_ssize_t i = 0; i < nkw; i++) {
-        PyObject *k = PyTuple_GET_ITEM(kwnames, i), *v = args[nargs + i];
-        if (kw_is(k, s_comm))
-            comm = v;
-        else if (kw_is(k, s_algorithm))
-            algorithm = v;
-        else if (door_params[w].out && kw_is(k, s_out))
-            out = v;
-        else if (opi && nargs <= opi && kw_is(k, s_op))
-            op = v;
-        else if (rooti && nargs <= rooti && kw_is(k, s_root))
-            root = v;
-        else
-            return door_fallback(d, args, nargsf, kwnames);
-    }
+    if (!door_keywords(args, nargs, kwnames, &comm, door_params[w].out ? &out : NULL, &algorithm, opi, &op, rooti,
+                       &root))
+        return door_fallback(d, args, nargsf, kwnames);
     if (!PyArray_CheckExact(x) || !PyUnicode_CheckExact(algorithm) || (op != NULL && !PyUnicode_CheckExact(op))
         || (root != NULL && !PyLong_CheckExact(root)))
         return door_fallback(d, args, nargsf, kwnames);
@@ -1771,24 +1781,15 @@ done:
 }
 
 static PyObject *door_comm(Door *d, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
-    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf), nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     int w = d->which, lead = 1 + comm_params[w - D_COMM_ALLREDUCE].nbufs; /* self and the buffers */
     int opi = comm_params[w - D_COMM_ALLREDUCE].op, rooti = comm_params[w - D_COMM_ALLREDUCE].root;
     if (nargs < lead || nargs > lead + (opi > 0) + (rooti > 0))
         return door_fallback(d, args, nargsf, kwnames);
     PyObject *op = opi ? (nargs > opi ? args[opi] : d->refs[R_SUM_OP]) : NULL;
     PyObject *root = rooti ? (nargs > rooti ? args[rooti] : zero) : NULL, *algorithm = s_auto;
-    for (Py_ssize_t i = 0; i < nkw; i++) {
-        PyObject *k = PyTuple_GET_ITEM(kwnames, i), *v = args[nargs + i];
-        if (kw_is(k, s_algorithm))
-            algorithm = v;
-        else if (opi && nargs <= opi && kw_is(k, s_op))
-            op = v;
-        else if (rooti && nargs <= rooti && kw_is(k, s_root))
-            root = v;
-        else
-            return door_fallback(d, args, nargsf, kwnames);
-    }
+    if (!door_keywords(args, nargs, kwnames, NULL, NULL, &algorithm, opi, &op, rooti, &root))
+        return door_fallback(d, args, nargsf, kwnames);
     PyObject *calls = PyDict_GetItemWithError(d->refs[R_GLOBALS], s_calls_); /* counting: the Python path counts */
     if (calls != Py_None || !PyUnicode_CheckExact(algorithm) || (root != NULL && !PyLong_CheckExact(root)))
         return PyErr_Occurred() ? NULL : door_fallback(d, args, nargsf, kwnames);
