@@ -1422,12 +1422,11 @@ static PyTypeObject CallType = {
  * arguments, which decides and raises as before. The Python door's frames
  * cost ~0.8 us of a 3 us all-reduce (p = 2, 8 B) and ~1.2 us of an I-call. */
 enum door {
-    D_ALLREDUCE = 0, D_IALLREDUCE = 1, D_BCAST = 2, D_IBCAST = 3, D_ALLTOALL = 4, D_GATHER = 5, D_REDUCE = 6,
-    D_ALLGATHER = 7,
+    D_ALLREDUCE, D_IALLREDUCE, D_BCAST, D_IBCAST, D_ALLTOALL, D_IALLTOALL, D_GATHER, D_IGATHER, D_REDUCE, D_IREDUCE,
+    D_ALLGATHER, D_IALLGATHER,
     /* mpicoll.Comm's methods (dropin.py), bound to the communicator (MethodDoor) */
-    D_COMM_ALLREDUCE = 8, D_COMM_IALLREDUCE = 9, D_COMM_BCAST = 10, D_COMM_IBCAST = 11, D_COMM_REDUCE = 12,
-    D_COMM_IREDUCE = 13, D_COMM_ALLGATHER = 14, D_COMM_IALLGATHER = 15, D_COMM_ALLTOALL = 16, D_COMM_IALLTOALL = 17,
-    D_COUNT = 18
+    D_COMM_ALLREDUCE, D_COMM_IALLREDUCE, D_COMM_BCAST, D_COMM_IBCAST, D_COMM_REDUCE, D_COMM_IREDUCE, D_COMM_ALLGATHER,
+    D_COMM_IALLGATHER, D_COMM_ALLTOALL, D_COMM_IALLTOALL, D_COUNT
 };
 
 /* A door's references, in Door_new's argument order: the Python function,
@@ -1563,8 +1562,9 @@ static const struct {
     int out, start;
 } door_params[] = {
     [D_ALLREDUCE] = {1, 0, 1, 0}, [D_IALLREDUCE] = {1, 0, 1, 1}, [D_BCAST] = {0, 1, 0, 0},
-    [D_IBCAST] = {0, 1, 0, 1},    [D_ALLTOALL] = {0, 0, 1, 0},   [D_GATHER] = {0, 1, 1, 0},
-    [D_REDUCE] = {1, 2, 1, 0},    [D_ALLGATHER] = {0, 0, 1, 0},
+    [D_IBCAST] = {0, 1, 0, 1},    [D_ALLTOALL] = {0, 0, 1, 0},   [D_IALLTOALL] = {0, 0, 1, 1},
+    [D_GATHER] = {0, 1, 1, 0},    [D_IGATHER] = {0, 1, 1, 1},    [D_REDUCE] = {1, 2, 1, 0},
+    [D_IREDUCE] = {1, 2, 1, 1},   [D_ALLGATHER] = {0, 0, 1, 0},  [D_IALLGATHER] = {0, 0, 1, 1},
 };
 
 static PyObject *door_api(Door *d, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
@@ -1600,16 +1600,19 @@ static PyObject *door_api(Door *d, PyObject *const *args, size_t nargsf, PyObjec
         case D_IBCAST:
             key = PyTuple_Pack(5, name, shape, descr, root, algorithm);
             break;
-        case D_GATHER: /* (no counts: None) */
+        case D_GATHER:
+        case D_IGATHER: /* (no counts: None) */
             key = PyTuple_Pack(7, name, shape, descr, Py_None, root, algorithm, given);
             break;
-        case D_REDUCE: /* (no dtype name: None) */
+        case D_REDUCE:
+        case D_IREDUCE: /* (no dtype name: None) */
             key = PyTuple_Pack(8, name, shape, descr, op, Py_None, root, algorithm, mode);
             break;
         case D_ALLGATHER:
+        case D_IALLGATHER:
             key = PyTuple_Pack(5, name, shape, descr, algorithm, given);
             break;
-        default: /* D_ALLTOALL */
+        default: /* D_ALLTOALL, D_IALLTOALL */
             key = PyTuple_Pack(5, name, shape, descr, algorithm, mode);
         }
     if (key != NULL)
@@ -2023,6 +2026,8 @@ static PyObject *init(const char *name) {
         {"REDUCE_SCATTER", K_REDUCE_SCATTER}, {"ALLTOALLV", K_ALLTOALLV}, {"PROGRAM", K_PROGRAM},
         {"D_ALLREDUCE", D_ALLREDUCE}, {"D_IALLREDUCE", D_IALLREDUCE}, {"D_BCAST", D_BCAST}, {"D_IBCAST", D_IBCAST},
         {"D_ALLTOALL", D_ALLTOALL}, {"D_GATHER", D_GATHER}, {"D_REDUCE", D_REDUCE}, {"D_ALLGATHER", D_ALLGATHER},
+        {"D_IALLTOALL", D_IALLTOALL}, {"D_IGATHER", D_IGATHER}, {"D_IREDUCE", D_IREDUCE},
+        {"D_IALLGATHER", D_IALLGATHER},
         {"D_COMM_ALLREDUCE", D_COMM_ALLREDUCE},
         {"D_COMM_IALLREDUCE", D_COMM_IALLREDUCE}, {"D_COMM_BCAST", D_COMM_BCAST}, {"D_COMM_IBCAST", D_COMM_IBCAST},
         {"D_COMM_REDUCE", D_COMM_REDUCE}, {"D_COMM_IREDUCE", D_COMM_IREDUCE}, {"D_COMM_ALLGATHER", D_COMM_ALLGATHER},

@@ -670,7 +670,7 @@ def _alltoallv(x, sendcounts, recvcounts, comm, out, algorithm, check, timeout, 
 # ---- the gated doors' short path in C -------------------------------------------------
 # Where csrc/native.c is built (and MPICOLL_NATIVE is not 0), the doors whose
 # kept calls are gated in C (allreduce, bcast, reduce, allgather, alltoall,
-# gather; iallreduce and ibcast) are native.Door objects over the
+# gather, and their I-forms) are native.Door objects over the
 # functions above:
 # a repeated call with the usual arguments (a numpy array, a string op, comm,
 # out, algorithm, root) builds the same key those functions build, finds the
@@ -683,12 +683,13 @@ def _c_doors() -> None:
     if mod is None:
         return
     g = globals()
-    for name, which, key in (("allreduce", mod.D_ALLREDUCE, "allreduce"), ("iallreduce", mod.D_IALLREDUCE, "iallreduce"),
-                             ("bcast", mod.D_BCAST, "bcast"), ("ibcast", mod.D_IBCAST, "bcast"),
-                             ("alltoall", mod.D_ALLTOALL, "alltoall"), ("gather", mod.D_GATHER, "gather"),
-                             ("reduce", mod.D_REDUCE, "reduce"), ("allgather", mod.D_ALLGATHER, "allgather")):
+    for name in ("allreduce", "iallreduce", "bcast", "ibcast", "alltoall", "ialltoall", "gather", "igather", "reduce",
+                 "ireduce", "allgather", "iallgather"):
         fn = g[name]
-        door = mod.Door(which, fn, _by_handle, _WORLD_HANDLE, MPI.Comm, key, started_long, _MISS)
+        # (the kept signature's name: an I-form shares its blocking form's, but for iallreduce)
+        key = name if name in ("iallreduce",) or not name.startswith("i") else name[1:]
+        door = mod.Door(getattr(mod, "D_" + name.upper()), fn, _by_handle, _WORLD_HANDLE, MPI.Comm, key,
+                        started_long, _MISS)
         g[name] = functools.update_wrapper(door, fn)
 
 

@@ -667,7 +667,7 @@ def test_a_failed_program_run_in_c_raises_on_every_rank_and_the_next_works(comm)
 
 
 def test_gated_doors_in_c_serve_the_usual_calls_and_hand_on_the_rest(comm, monkeypatch):
-    """mpicoll.allreduce/iallreduce/bcast/ibcast/alltoall/gather/reduce/allgather are native.Door
+    """mpicoll.allreduce, bcast, alltoall, gather, reduce, allgather and their I-forms are native.Door
     objects (csrc/native.c) over their Python functions. A repeated call with
     the usual arguments - positional or keyword op/root, comm, out (none,
     in place, another array), algorithm - builds the key the function builds
@@ -676,7 +676,7 @@ def test_gated_doors_in_c_serve_the_usual_calls_and_hand_on_the_rest(comm, monke
     MPI.Op, another keyword, a wrong argument) is handed to the function,
     which serves or refuses it as before."""
     doors = [mpicoll.allreduce, mpicoll.iallreduce, mpicoll.bcast, mpicoll.ibcast, mpicoll.alltoall, mpicoll.gather,
-             mpicoll.reduce, mpicoll.allgather]
+             mpicoll.reduce, mpicoll.allgather, mpicoll.ialltoall, mpicoll.igather, mpicoll.ireduce, mpicoll.iallgather]
     if native.module() is None:
         pytest.skip("native calls not built or turned off at import")
     assert all(type(d) is native.module().Door for d in doors)
@@ -747,6 +747,10 @@ def test_gated_doors_in_c_serve_the_usual_calls_and_hand_on_the_rest(comm, monke
              mpicoll.reduce(x, "sum", root, comm=comm), reduced_at_root(x, MPI.SUM)),
             (lambda: mpicoll.allgather(xs[0], comm=comm), everyone(xs[0])),
             (lambda: given(mpicoll.allgather(xs[0], comm=comm, out=a4), a4), everyone(xs[0])),
+            (lambda: mpicoll.ialltoall(xs, comm=comm).wait(), g),
+            (lambda: mpicoll.igather(xs[-1], root, comm=comm).wait(), gathered(xs[-1])),
+            (lambda: mpicoll.ireduce(x, "prod", root, comm=comm).wait(), reduced_at_root(x, MPI.PROD)),
+            (lambda: mpicoll.iallgather(xs[-1], comm=comm).wait(), everyone(xs[-1])),
         ]
 
     for i in range(6):
