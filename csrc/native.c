@@ -819,11 +819,10 @@ static PyObject *Call_gate(Call *self, PyObject *const *args, Py_ssize_t nargs) 
         PyErr_SetString(PyExc_TypeError, "mpicoll native: gate(st, kept, env_data, engine, miss)");
         return NULL;
     }
-    if (self->kind == K_SCATTERV || self->kind == K_REDUCE_SCATTER || self->kind == K_ALLTOALLV
-        || (self->kind == K_PROGRAM && self->xrun == NULL)) {
+    if (self->kind == K_SCATTERV || self->kind == K_ALLTOALLV || (self->kind == K_PROGRAM && self->xrun == NULL)) {
         PyErr_SetString(PyExc_ValueError,
-                        "mpicoll native: only an all-reduce's, a bcast's, a reduce's, an allgather's, an alltoall's, "
-                        "a gather's or a program's Call (program() first) takes a gate");
+                        "mpicoll native: only an all-reduce's, a bcast's, a reduce's, a reduce-scatter's, an "
+                        "allgather's, an alltoall's, a gather's or a program's Call (program() first) takes a gate");
         return NULL;
     }
     PyObject *st = args[0], *kept = args[1];
@@ -1207,6 +1206,22 @@ static PyObject *kept_run(Call *self, PyObject *xo, PyObject *oo, int form) {
         if (PyArray_NBYTES(x) > 0)
             memcpy(PyArray_BYTES(out) + (Py_ssize_t)self->rank * PyArray_NBYTES(x), PyArray_DATA(x),
                    (size_t)PyArray_NBYTES(x));
+    } else if (self->kind == K_REDUCE_SCATTER) {
+        /* kept.KeptReduceScatter: this rank's block, a new array or a given
+         * one apart from x (one that overlaps x, or an empty block, which
+         * MPICH would see aliased, is staged by the Python path) */
+        npy_intp n = self->counts[self->rank];
+        if (n == 0)
+            goto miss;
+        if (self->mode == 0) {
+            if ((out = new_like(x, 1, &n)) == NULL)
+                return NULL;
+        } else {
+            if (!takes(oo, x, 1, &n) || overlaps(x, (PyArrayObject *)oo))
+                goto miss;
+            out = (PyArrayObject *)oo;
+            Py_INCREF(out);
+        }
     } else if (self->kind == K_GATHERV) {
         /* kept.KeptGather: no result off root; at root a new out of the
          * kept shape, or a given one that takes it, with x apart from it or
@@ -1423,7 +1438,7 @@ static PyTypeObject CallType = {
  * cost ~0.8 us of a 3 us all-reduce (p = 2, 8 B) and ~1.2 us of an I-call. */
 enum door {
     D_ALLREDUCE, D_IALLREDUCE, D_BCAST, D_IBCAST, D_ALLTOALL, D_IALLTOALL, D_GATHER, D_IGATHER, D_REDUCE, D_IREDUCE,
-    D_ALLGATHER, D_IALLGATHER,
+    D_ALLGATHER, D_IALLGATHER, D_REDUCE_SCATTER, D_IREDUCE_SCATTER,
     /* mpicoll.Comm's methods (dropin.py), bound to the communicator (MethodDoor) */
     D_COMM_ALLREDUCE, D_COMM_IALLREDUCE, D_COMM_BCAST, D_COMM_IBCAST, D_COMM_REDUCE, D_COMM_IREDUCE, D_COMM_ALLGATHER,
     D_COMM_IALLGATHER, D_COMM_ALLTOALL, D_COMM_IALLTOALL, D_COUNT
@@ -1565,6 +1580,7 @@ static const struct {
     [D_IBCAST] = {0, 1, 0, 1},    [D_ALLTOALL] = {0, 0, 1, 0},   [D_IALLTOALL] = {0, 0, 1, 1},
     [D_GATHER] = {0, 1, 1, 0},    [D_IGATHER] = {0, 1, 1, 1},    [D_REDUCE] = {1, 2, 1, 0},
     [D_IREDUCE] = {1, 2, 1, 1},   [D_ALLGATHER] = {0, 0, 1, 0},  [D_IALLGATHER] = {0, 0, 1, 1},
+    [D_REDUCE_SCATTER] = {1, 0, 1, 0}, [D_IREDUCE_SCATTER] = {1, 0, 1, 1},
 };
 
 static PyObject *door_api(Door *d, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
@@ -1611,6 +1627,11 @@ static PyObject *door_api(Door *d, PyObject *const *args, size_t nargsf, PyObjec
         case D_ALLGATHER:
         case D_IALLGATHER:
             key = PyTuple_Pack(5, name, shape, descr, algorithm, given);
+            break;
+        case D_REDUCE_SCATTER:
+        case D_IREDUCE_SCATTER: /* (no dtype name, no counts: None, None; mode 0 or 2) */
+            key = PyTuple_Pack(8, name, shape, descr, op, Py_None, Py_None, algorithm,
+                               mode_ints[out == Py_None ? 0 : 2]);
             break;
         default: /* D_ALLTOALL, D_IALLTOALL */
             key = PyTuple_Pack(5, name, shape, descr, algorithm, mode);
@@ -1708,7 +1729,8 @@ static PyObject *door_comm_run(Door *d, PyObject *const *args, PyObject *second,
         PyErr_Clear(); /* (a root out of long's range: the method's error) */
         goto done;
     }
-    if (w == D_COMM_ALLREDUCE || w == D_COMM_IALLREDUCE || ((w == D_COMM_REDUCE || w == D_COMM_IREDUCE) && rt == rank)) {
+    int reducing = w == D_COMM_ALLREDUCE || w == D_COMM_IALLREDUCE, reduce = w == D_COMM_REDUCE || w == D_COMM_IREDUCE;
+    if (reducing || (reduce && rt == rank)) {
         if (!PyArray_CheckExact(args[2]) || PyArray_NDIM((PyArrayObject *)args[2]) != 1)
             goto done;
         PyArrayObject *r = (PyArrayObject *)args[2];
@@ -1719,7 +1741,7 @@ static PyObject *door_comm_run(Door *d, PyObject *const *args, PyObject *second,
         key = root == NULL ? PyTuple_Pack(6, name, shape, (PyObject *)PyArray_DESCR(r), opn, algorithm, mode_ints[mode])
                            : PyTuple_Pack(8, name, shape, (PyObject *)PyArray_DESCR(r), opn, Py_None, root, algorithm,
                                           mode_ints[mode]);
-    } else if (w == D_COMM_REDUCE || w == D_COMM_IREDUCE) {
+    } else if (reduce) {
         /* off root: the send buffer only (mpi4py ignores recvbuf there) */
         if (!PyArray_CheckExact(args[1]) || PyArray_NDIM((PyArrayObject *)args[1]) != 1)
             goto done;
@@ -2027,7 +2049,8 @@ static PyObject *init(const char *name) {
         {"D_ALLREDUCE", D_ALLREDUCE}, {"D_IALLREDUCE", D_IALLREDUCE}, {"D_BCAST", D_BCAST}, {"D_IBCAST", D_IBCAST},
         {"D_ALLTOALL", D_ALLTOALL}, {"D_GATHER", D_GATHER}, {"D_REDUCE", D_REDUCE}, {"D_ALLGATHER", D_ALLGATHER},
         {"D_IALLTOALL", D_IALLTOALL}, {"D_IGATHER", D_IGATHER}, {"D_IREDUCE", D_IREDUCE},
-        {"D_IALLGATHER", D_IALLGATHER},
+        {"D_IALLGATHER", D_IALLGATHER}, {"D_REDUCE_SCATTER", D_REDUCE_SCATTER},
+        {"D_IREDUCE_SCATTER", D_IREDUCE_SCATTER},
         {"D_COMM_ALLREDUCE", D_COMM_ALLREDUCE},
         {"D_COMM_IALLREDUCE", D_COMM_IALLREDUCE}, {"D_COMM_BCAST", D_COMM_BCAST}, {"D_COMM_IBCAST", D_COMM_IBCAST},
         {"D_COMM_REDUCE", D_COMM_REDUCE}, {"D_COMM_IREDUCE", D_COMM_IREDUCE}, {"D_COMM_ALLGATHER", D_COMM_ALLGATHER},

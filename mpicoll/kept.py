@@ -110,9 +110,9 @@ class _KeptCall(_Kept):
     __slots__ = ("call", "mode", "nat", "fast")
 
     # Whether nat, once a call ran through it, is gated to run the whole
-    # call in C (csrc/native.c: bcast's, reduce's, allgather's, alltoall's
-    # and gather's, whose checks it knows); the front door then calls
-    # ``fast`` first (api._door).
+    # call in C (csrc/native.c: bcast's, reduce's, reduce_scatter's,
+    # allgather's, alltoall's and gather's, whose checks it knows); the front
+    # door then calls ``fast`` first (api._door).
     GATED = False
 
     def __init__(self, st, call):
@@ -729,6 +729,10 @@ class KeptReduceScatter(_KeptCall):
             # (MPICH refuses aliased buffers, also an empty block at x's address)
             return x, np.empty((self.n,), x.dtype), out
         return x, out, out
+
+    def _gate(self, nat):
+        # (gated whole in C, but for avg: its division stays here)
+        _gate(self, nat, not self.red.op.average)
 
     def _nat_bufs(self, x, out):
         return (x, out)

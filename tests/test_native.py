@@ -667,7 +667,7 @@ def test_a_failed_program_run_in_c_raises_on_every_rank_and_the_next_works(comm)
 
 
 def test_gated_doors_in_c_serve_the_usual_calls_and_hand_on_the_rest(comm, monkeypatch):
-    """mpicoll.allreduce, bcast, alltoall, gather, reduce, allgather and their I-forms are native.Door
+    """mpicoll.allreduce, bcast, alltoall, gather, reduce, reduce_scatter, allgather and their I-forms are native.Door
     objects (csrc/native.c) over their Python functions. A repeated call with
     the usual arguments - positional or keyword op/root, comm, out (none,
     in place, another array), algorithm - builds the key the function builds
@@ -676,7 +676,8 @@ def test_gated_doors_in_c_serve_the_usual_calls_and_hand_on_the_rest(comm, monke
     MPI.Op, another keyword, a wrong argument) is handed to the function,
     which serves or refuses it as before."""
     doors = [mpicoll.allreduce, mpicoll.iallreduce, mpicoll.bcast, mpicoll.ibcast, mpicoll.alltoall, mpicoll.gather,
-             mpicoll.reduce, mpicoll.allgather, mpicoll.ialltoall, mpicoll.igather, mpicoll.ireduce, mpicoll.iallgather]
+             mpicoll.reduce, mpicoll.allgather, mpicoll.ialltoall, mpicoll.igather, mpicoll.ireduce, mpicoll.iallgather,
+             mpicoll.reduce_scatter, mpicoll.ireduce_scatter]
     if native.module() is None:
         pytest.skip("native calls not built or turned off at import")
     assert all(type(d) is native.module().Door for d in doors)
@@ -712,6 +713,15 @@ def test_gated_doors_in_c_serve_the_usual_calls_and_hand_on_the_rest(comm, monke
         def reduced_at_root(v, op):
             w = np.empty_like(v) if r == root else None
             comm.Reduce(v, w, op, root)
+            return w
+
+        v = np.arange(2 * p + 1, dtype=np.int64) + r + i  # (blocks as np.array_split makes them: uneven)
+        counts = [len(c) for c in np.array_split(np.arange(v.size), p)]
+        mine = np.empty(counts[r], np.int64)
+
+        def scattered(a, op=MPI.SUM):
+            w = np.empty(counts[r], a.dtype)
+            comm.Reduce_scatter(a, w, counts, op)
             return w
 
         def everyone(v):
@@ -751,6 +761,9 @@ def test_gated_doors_in_c_serve_the_usual_calls_and_hand_on_the_rest(comm, monke
             (lambda: mpicoll.igather(xs[-1], root, comm=comm).wait(), gathered(xs[-1])),
             (lambda: mpicoll.ireduce(x, "prod", root, comm=comm).wait(), reduced_at_root(x, MPI.PROD)),
             (lambda: mpicoll.iallgather(xs[-1], comm=comm).wait(), everyone(xs[-1])),
+            (lambda: mpicoll.reduce_scatter(v, comm=comm), scattered(v)),
+            (lambda: given(mpicoll.reduce_scatter(v, "prod", comm=comm, out=mine), mine), scattered(v, MPI.PROD)),
+            (lambda: mpicoll.ireduce_scatter(v, op="sum", comm=comm).wait(), scattered(v)),
         ]
 
     for i in range(6):
