@@ -819,15 +819,16 @@ static PyObject *Call_gate(Call *self, PyObject *const *args, Py_ssize_t nargs) 
         PyErr_SetString(PyExc_TypeError, "mpicoll native: gate(st, kept, env_data, engine, miss)");
         return NULL;
     }
-    if (self->kind == K_SCATTERV || self->kind == K_ALLTOALLV || (self->kind == K_PROGRAM && self->xrun == NULL)) {
+    if (self->kind == K_ALLTOALLV || (self->kind == K_PROGRAM && self->xrun == NULL)) {
         PyErr_SetString(PyExc_ValueError,
                         "mpicoll native: only an all-reduce's, a bcast's, a reduce's, a reduce-scatter's, an "
-                        "allgather's, an alltoall's, a gather's or a program's Call (program() first) takes a gate");
+                        "allgather's, an alltoall's, a scatter's, a gather's or a program's Call (program() first) "
+                        "takes a gate");
         return NULL;
     }
     PyObject *st = args[0], *kept = args[1];
-    if (self->kind == K_GATHERV) {
-        /* root's result shape, for a new out */
+    if (self->kind == K_GATHERV || self->kind == K_SCATTERV) {
+        /* the result's shape (gather's at root, scatter's block), for a new out */
         PyObject *shape = PyObject_GetAttrString(kept, "shape");
         if (shape == NULL)
             return NULL;
@@ -840,7 +841,7 @@ static PyObject *Call_gate(Call *self, PyObject *const *args, Py_ssize_t nargs) 
         Py_DECREF(shape);
         if (!ok) {
             if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_TypeError, "mpicoll native: gate() got a gather whose shape it cannot read");
+                PyErr_SetString(PyExc_TypeError, "mpicoll native: gate() got a kept call whose shape it cannot read");
             return NULL;
         }
     }
@@ -1222,6 +1223,27 @@ static PyObject *kept_run(Call *self, PyObject *xo, PyObject *oo, int form) {
             out = (PyArrayObject *)oo;
             Py_INCREF(out);
         }
+    } else if (self->kind == K_SCATTERV) {
+        /* kept.KeptScatter, for an x given on every rank (None goes to the
+         * Python path): a new out of the kept block shape or a given one
+         * that takes it; at root x holds every block, and an out inside x
+         * must be exactly root's block (in place); elsewhere x is not read
+         * and must not overlap out */
+        if (oo == Py_None) {
+            if ((out = new_like(x, self->gnd, self->gdims)) == NULL)
+                return NULL;
+        } else if (!takes(oo, x, self->gnd, self->gdims)) {
+            goto miss;
+        } else {
+            out = (PyArrayObject *)oo;
+            Py_INCREF(out);
+        }
+        if (PyArray_NBYTES(x) > 0 && overlaps(x, out)
+            && (self->rank != self->root || PyArray_BYTES(out) != PyArray_BYTES(x) + self->displs[self->root]
+                || PyArray_NBYTES(out) != self->counts[self->root])) {
+            Py_DECREF(out);
+            goto miss;
+        }
     } else if (self->kind == K_GATHERV) {
         /* kept.KeptGather: no result off root; at root a new out of the
          * kept shape, or a given one that takes it, with x apart from it or
@@ -1311,7 +1333,10 @@ static PyObject *kept_run(Call *self, PyObject *xo, PyObject *oo, int form) {
         }
     } else if (!failed) {
         int rcp;
-        PyObject *send = self->kind == K_BCAST || self->mode == 1 ? Py_None : xo;
+        PyObject *send = self->kind == K_BCAST || (self->kind == K_SCATTERV && self->rank != self->root)
+                                 || (self->kind != K_SCATTERV && self->mode == 1)
+                             ? Py_None
+                             : xo;
         if (post(self, send, (PyObject *)out, form, q == NULL ? NULL : &q->req, &rcp) < 0)
             failed = 1;
         else
@@ -1438,7 +1463,7 @@ static PyTypeObject CallType = {
  * cost ~0.8 us of a 3 us all-reduce (p = 2, 8 B) and ~1.2 us of an I-call. */
 enum door {
     D_ALLREDUCE, D_IALLREDUCE, D_BCAST, D_IBCAST, D_ALLTOALL, D_IALLTOALL, D_GATHER, D_IGATHER, D_REDUCE, D_IREDUCE,
-    D_ALLGATHER, D_IALLGATHER, D_REDUCE_SCATTER, D_IREDUCE_SCATTER,
+    D_ALLGATHER, D_IALLGATHER, D_REDUCE_SCATTER, D_IREDUCE_SCATTER, D_SCATTER, D_ISCATTER,
     /* mpicoll.Comm's methods (dropin.py), bound to the communicator (MethodDoor) */
     D_COMM_ALLREDUCE, D_COMM_IALLREDUCE, D_COMM_BCAST, D_COMM_IBCAST, D_COMM_REDUCE, D_COMM_IREDUCE, D_COMM_ALLGATHER,
     D_COMM_IALLGATHER, D_COMM_ALLTOALL, D_COMM_IALLTOALL, D_COUNT
@@ -1580,7 +1605,8 @@ static const struct {
     [D_IBCAST] = {0, 1, 0, 1},    [D_ALLTOALL] = {0, 0, 1, 0},   [D_IALLTOALL] = {0, 0, 1, 1},
     [D_GATHER] = {0, 1, 1, 0},    [D_IGATHER] = {0, 1, 1, 1},    [D_REDUCE] = {1, 2, 1, 0},
     [D_IREDUCE] = {1, 2, 1, 1},   [D_ALLGATHER] = {0, 0, 1, 0},  [D_IALLGATHER] = {0, 0, 1, 1},
-    [D_REDUCE_SCATTER] = {1, 0, 1, 0}, [D_IREDUCE_SCATTER] = {1, 0, 1, 1},
+    [D_REDUCE_SCATTER] = {1, 0, 1, 0}, [D_IREDUCE_SCATTER] = {1, 0, 1, 1}, [D_SCATTER] = {0, 1, 1, 0},
+    [D_ISCATTER] = {0, 1, 1, 1},
 };
 
 static PyObject *door_api(Door *d, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
@@ -1628,6 +1654,16 @@ static PyObject *door_api(Door *d, PyObject *const *args, size_t nargsf, PyObjec
         case D_IALLGATHER:
             key = PyTuple_Pack(5, name, shape, descr, algorithm, given);
             break;
+        case D_SCATTER:
+        case D_ISCATTER: /* (x's shape, out's shape or None, no counts: None) */
+            if (out == Py_None || PyArray_CheckExact(out)) {
+                PyObject *oshape = out == Py_None ? Py_None : shape_of((PyArrayObject *)out);
+                if (oshape != NULL)
+                    key = PyTuple_Pack(7, name, shape, descr, oshape, Py_None, root, algorithm);
+                if (oshape != Py_None)
+                    Py_XDECREF(oshape);
+            }
+            break;
         case D_REDUCE_SCATTER:
         case D_IREDUCE_SCATTER: /* (no dtype name, no counts: None, None; mode 0 or 2) */
             key = PyTuple_Pack(8, name, shape, descr, op, Py_None, Py_None, algorithm,
@@ -1638,6 +1674,10 @@ static PyObject *door_api(Door *d, PyObject *const *args, size_t nargsf, PyObjec
         }
     if (key != NULL)
         res = door_run(d, st, key, x, door_params[w].out ? out : Py_None, door_params[w].start);
+    else if (!PyErr_Occurred()) { /* (no key for such a call: the function decides) */
+        Py_INCREF(d->refs[R_MISS]);
+        res = d->refs[R_MISS];
+    }
     Py_XDECREF(key);
     Py_XDECREF(shape);
     Py_DECREF(st);
@@ -2050,7 +2090,7 @@ static PyObject *init(const char *name) {
         {"D_ALLTOALL", D_ALLTOALL}, {"D_GATHER", D_GATHER}, {"D_REDUCE", D_REDUCE}, {"D_ALLGATHER", D_ALLGATHER},
         {"D_IALLTOALL", D_IALLTOALL}, {"D_IGATHER", D_IGATHER}, {"D_IREDUCE", D_IREDUCE},
         {"D_IALLGATHER", D_IALLGATHER}, {"D_REDUCE_SCATTER", D_REDUCE_SCATTER},
-        {"D_IREDUCE_SCATTER", D_IREDUCE_SCATTER},
+        {"D_IREDUCE_SCATTER", D_IREDUCE_SCATTER}, {"D_SCATTER", D_SCATTER}, {"D_ISCATTER", D_ISCATTER},
         {"D_COMM_ALLREDUCE", D_COMM_ALLREDUCE},
         {"D_COMM_IALLREDUCE", D_COMM_IALLREDUCE}, {"D_COMM_BCAST", D_COMM_BCAST}, {"D_COMM_IBCAST", D_COMM_IBCAST},
         {"D_COMM_REDUCE", D_COMM_REDUCE}, {"D_COMM_IREDUCE", D_COMM_IREDUCE}, {"D_COMM_ALLGATHER", D_COMM_ALLGATHER},

@@ -670,7 +670,8 @@ def _alltoallv(x, sendcounts, recvcounts, comm, out, algorithm, check, timeout, 
 # ---- the gated doors' short path in C -------------------------------------------------
 # Where csrc/native.c is built (and MPICOLL_NATIVE is not 0), the doors whose
 # kept calls are gated in C (allreduce, bcast, reduce, reduce_scatter,
-# allgather, alltoall, gather, and their I-forms) are native.Door objects over the
+# allgather, alltoall, scatter, gather, and their I-forms) are native.Door
+# objects over the
 # functions above:
 # a repeated call with the usual arguments (a numpy array, a string op, comm,
 # out, algorithm, root) builds the same key those functions build, finds the
@@ -684,7 +685,7 @@ def _c_doors() -> None:
         return
     g = globals()
     for name in ("allreduce", "iallreduce", "bcast", "ibcast", "alltoall", "ialltoall", "gather", "igather", "reduce",
-                 "ireduce", "allgather", "iallgather", "reduce_scatter", "ireduce_scatter"):
+                 "ireduce", "allgather", "iallgather", "reduce_scatter", "ireduce_scatter", "scatter", "iscatter"):
         fn = g[name]
         # (the kept signature's name: an I-form shares its blocking form's, but for iallreduce)
         key = name if name in ("iallreduce",) or not name.startswith("i") else name[1:]

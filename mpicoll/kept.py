@@ -111,8 +111,8 @@ class _KeptCall(_Kept):
 
     # Whether nat, once a call ran through it, is gated to run the whole
     # call in C (csrc/native.c: bcast's, reduce's, reduce_scatter's,
-    # allgather's, alltoall's and gather's, whose checks it knows); the front
-    # door then calls ``fast`` first (api._door).
+    # allgather's, alltoall's, scatter's and gather's, whose checks it
+    # knows); the front door then calls ``fast`` first (api._door).
     GATED = False
 
     def __init__(self, st, call):
@@ -572,9 +572,11 @@ class KeptScatter(_KeptRooted):
     """scatter(v): root places its own block, then MPI_Scatterv as the full
     path calls it. Root's x holds every block (``(p,) + s``, or flat with
     counts); another rank's x may be None (then ``out`` is required) and is
-    not read."""
+    not read. Gated (csrc/native.c knows its checks, for an x given on every
+    rank)."""
 
     NATIVE = _native.SCATTERV
+    GATED = True
 
     def _bufs(self, x, out):
         st = self.st

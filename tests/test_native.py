@@ -667,8 +667,8 @@ def test_a_failed_program_run_in_c_raises_on_every_rank_and_the_next_works(comm)
 
 
 def test_gated_doors_in_c_serve_the_usual_calls_and_hand_on_the_rest(comm, monkeypatch):
-    """mpicoll.allreduce, bcast, alltoall, gather, reduce, reduce_scatter, allgather and their I-forms are native.Door
-    objects (csrc/native.c) over their Python functions. A repeated call with
+    """mpicoll.allreduce, bcast, alltoall, scatter, gather, reduce, reduce_scatter, allgather and their I-forms are
+    native.Door objects (csrc/native.c) over their Python functions. A repeated call with
     the usual arguments - positional or keyword op/root, comm, out (none,
     in place, another array), algorithm - builds the key the function builds
     and runs the gated call itself: no plan is built, nothing is handed to
@@ -677,7 +677,7 @@ def test_gated_doors_in_c_serve_the_usual_calls_and_hand_on_the_rest(comm, monke
     which serves or refuses it as before."""
     doors = [mpicoll.allreduce, mpicoll.iallreduce, mpicoll.bcast, mpicoll.ibcast, mpicoll.alltoall, mpicoll.gather,
              mpicoll.reduce, mpicoll.allgather, mpicoll.ialltoall, mpicoll.igather, mpicoll.ireduce, mpicoll.iallgather,
-             mpicoll.reduce_scatter, mpicoll.ireduce_scatter]
+             mpicoll.reduce_scatter, mpicoll.ireduce_scatter, mpicoll.scatter, mpicoll.iscatter]
     if native.module() is None:
         pytest.skip("native calls not built or turned off at import")
     assert all(type(d) is native.module().Door for d in doors)
@@ -724,6 +724,13 @@ def test_gated_doors_in_c_serve_the_usual_calls_and_hand_on_the_rest(comm, monke
             comm.Reduce_scatter(a, w, counts, op)
             return w
 
+        row, row2 = np.empty(2, np.int32), np.empty(2, np.int32)
+
+        def rows(a):  # root's row for this rank
+            w = np.empty(a.shape[1:], a.dtype)
+            comm.Scatter(a, w, root)
+            return w
+
         def everyone(v):
             w = np.empty((p,) + v.shape, v.dtype)
             comm.Allgather(v, w)
@@ -764,6 +771,11 @@ def test_gated_doors_in_c_serve_the_usual_calls_and_hand_on_the_rest(comm, monke
             (lambda: mpicoll.reduce_scatter(v, comm=comm), scattered(v)),
             (lambda: given(mpicoll.reduce_scatter(v, "prod", comm=comm, out=mine), mine), scattered(v, MPI.PROD)),
             (lambda: mpicoll.ireduce_scatter(v, op="sum", comm=comm).wait(), scattered(v)),
+            (lambda: mpicoll.scatter(xs, root, comm=comm), rows(xs)),
+            (lambda: given(mpicoll.scatter(xs, root=root, comm=comm, out=row), row), rows(xs)),
+            (lambda: mpicoll.iscatter(xs, root, comm=comm).wait(), rows(xs)),
+            # root's block in place (out is that row of x), another array elsewhere
+            (lambda: mpicoll.scatter(xs, root, comm=comm, out=xs[root] if r == root else row2), rows(xs)),
         ]
 
     for i in range(6):
