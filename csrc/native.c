@@ -1466,7 +1466,7 @@ enum door {
     D_ALLGATHER, D_IALLGATHER, D_REDUCE_SCATTER, D_IREDUCE_SCATTER, D_SCATTER, D_ISCATTER,
     /* mpicoll.Comm's methods (dropin.py), bound to the communicator (MethodDoor) */
     D_COMM_ALLREDUCE, D_COMM_IALLREDUCE, D_COMM_BCAST, D_COMM_IBCAST, D_COMM_REDUCE, D_COMM_IREDUCE, D_COMM_ALLGATHER,
-    D_COMM_IALLGATHER, D_COMM_ALLTOALL, D_COMM_IALLTOALL, D_COUNT
+    D_COMM_IALLGATHER, D_COMM_ALLTOALL, D_COMM_IALLTOALL, D_COMM_GATHER, D_COMM_IGATHER, D_COUNT
 };
 
 /* A door's references, in Door_new's argument order: the Python function,
@@ -1698,6 +1698,7 @@ static const struct {
     [D_COMM_REDUCE - D_COMM_ALLREDUCE] = {2, 3, 4, 0},    [D_COMM_IREDUCE - D_COMM_ALLREDUCE] = {2, 3, 4, 1},
     [D_COMM_ALLGATHER - D_COMM_ALLREDUCE] = {2, 0, 0, 0}, [D_COMM_IALLGATHER - D_COMM_ALLREDUCE] = {2, 0, 0, 1},
     [D_COMM_ALLTOALL - D_COMM_ALLREDUCE] = {2, 0, 0, 0},  [D_COMM_IALLTOALL - D_COMM_ALLREDUCE] = {2, 0, 0, 1},
+    [D_COMM_GATHER - D_COMM_ALLREDUCE] = {2, 0, 3, 0},    [D_COMM_IGATHER - D_COMM_ALLREDUCE] = {2, 0, 3, 1},
 };
 
 /* The kernel op's name for (dtype, MPI.Op), as dropin._fast_op decided it
@@ -1750,8 +1751,8 @@ static int reduce_mode(Door *d, PyObject *sendbuf, PyArrayObject *recvbuf, PyObj
     return -1;
 }
 
-/* mpicoll.Comm's Allreduce, Bcast, Reduce, Allgather and Alltoall (and
- * their I-forms) on plain arrays: the kept entry the api door filed (what
+/* mpicoll.Comm's Allreduce, Bcast, Reduce, Allgather, Alltoall and Gather
+ * (and their I-forms) on plain arrays: the kept entry the api door filed (what
  * the generated method reaches through its _<collective> method, _door and
  * the api function), with the arrays the method would pass it. Returns
  * what the method returns (None; the request), or miss. */
@@ -1790,6 +1791,33 @@ static PyObject *door_comm_run(Door *d, PyObject *const *args, PyObject *second,
             goto done;
         x = (PyObject *)a;
         key = PyTuple_Pack(8, name, shape, (PyObject *)PyArray_DESCR(a), opn, Py_None, root, algorithm, mode_ints[0]);
+    } else if (w == D_COMM_GATHER || w == D_COMM_IGATHER) {
+        /* specs.plain_rooted: the send buffer everywhere; at root the
+         * receive buffer, apart from it, shaped (p,) + its shape */
+        if (!PyArray_CheckExact(args[1]) || rt < 0 || rt >= p || plain_kind(d, (PyArrayObject *)args[1]) <= 0)
+            goto done;
+        PyArrayObject *a = (PyArrayObject *)args[1];
+        int nd = PyArray_NDIM(a);
+        if (rt == rank) {
+            if (!PyArray_CheckExact(args[2]) || nd + 1 > NPY_MAXDIMS)
+                goto done;
+            PyArrayObject *b = (PyArrayObject *)args[2];
+            if (!PyArray_IS_C_CONTIGUOUS(b) || PyArray_SIZE(b) != p * PyArray_SIZE(a) || overlaps(a, b)
+                || !PyArray_EquivTypes(PyArray_DESCR(a), PyArray_DESCR(b)))
+                goto done;
+            npy_intp dims[NPY_MAXDIMS];
+            dims[0] = p;
+            for (int i = 0; i < nd; i++)
+                dims[i + 1] = PyArray_DIMS(a)[i];
+            if ((vb = as_shape(b, nd + 1, dims)) == NULL)
+                goto done;
+            out = vb;
+        }
+        if ((shape = shape_of(a)) == NULL)
+            goto done;
+        x = (PyObject *)a;
+        key = PyTuple_Pack(7, name, shape, (PyObject *)PyArray_DESCR(a), Py_None, root, algorithm,
+                           out == Py_None ? Py_False : Py_True);
     } else if (w == D_COMM_BCAST || w == D_COMM_IBCAST) {
         if (!PyArray_CheckExact(args[1]) || plain_kind(d, (PyArrayObject *)args[1]) <= 0
             || (shape = shape_of((PyArrayObject *)args[1])) == NULL)
@@ -2095,7 +2123,7 @@ static PyObject *init(const char *name) {
         {"D_COMM_IALLREDUCE", D_COMM_IALLREDUCE}, {"D_COMM_BCAST", D_COMM_BCAST}, {"D_COMM_IBCAST", D_COMM_IBCAST},
         {"D_COMM_REDUCE", D_COMM_REDUCE}, {"D_COMM_IREDUCE", D_COMM_IREDUCE}, {"D_COMM_ALLGATHER", D_COMM_ALLGATHER},
         {"D_COMM_IALLGATHER", D_COMM_IALLGATHER}, {"D_COMM_ALLTOALL", D_COMM_ALLTOALL},
-        {"D_COMM_IALLTOALL", D_COMM_IALLTOALL}};
+        {"D_COMM_IALLTOALL", D_COMM_IALLTOALL}, {"D_COMM_GATHER", D_COMM_GATHER}, {"D_COMM_IGATHER", D_COMM_IGATHER}};
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
         if (PyModule_AddIntConstant(m, kinds[i].name, kinds[i].v) < 0) {
             Py_DECREF(m);

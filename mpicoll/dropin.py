@@ -832,7 +832,7 @@ _METHODS = (
     ("Allgather", "sendbuf, recvbuf", "_allgather", "", "ALLGATHER"),
     ("Scatter", "sendbuf, recvbuf, root=0", "_scatter", "'Scatter', ", None),
     ("Scatterv", "sendbuf, recvbuf, root=0", "_scatter", "'Scatterv', ", None),
-    ("Gather", "sendbuf, recvbuf, root=0", "_gather", "'Gather', ", None),
+    ("Gather", "sendbuf, recvbuf, root=0", "_gather", "'Gather', ", "GATHER"),
     ("Gatherv", "sendbuf, recvbuf, root=0", "_gather", "'Gatherv', ", None),
     ("Allgatherv", "sendbuf, recvbuf", "_allgatherv", "", None),
     ("Alltoall", "sendbuf, recvbuf", "_alltoall", "'Alltoall', ", "ALLTOALL"),

@@ -258,8 +258,8 @@ def test_dropin_fast_and_general_paths_agree_across_ranks(comm, size):
 
 @pytest.mark.parametrize("algorithm", ["auto", "mpi", "recursive_doubling"])
 def test_dropin_short_paths_serve_every_allreduce_and_bcast_form(comm, algorithm, monkeypatch):
-    """Allreduce, Bcast, Reduce, Allgather, Alltoall and their I-forms on
-    plain arrays are served,
+    """Allreduce, Bcast, Reduce, Allgather, Alltoall, Gather and their
+    I-forms on plain arrays are served,
     once their signature is kept (and gated), by the kept entry's C call
     straight from the method (native.MethodDoor, where built), in every
     buffer form: a separate send buffer (the most usual, and the one
@@ -318,6 +318,9 @@ def test_dropin_short_paths_serve_every_allreduce_and_bcast_form(comm, algorithm
             t = np.full(2 * p, -1, np.float32)
             wait(getattr(c, "Ialltoall" if start else "Alltoall")(a, t))
             got.append(t)
+            h = np.full((p, 4) if r == root else 1, -1, np.int64)  # (ignored off root, as by mpi4py)
+            wait(getattr(c, "Igather" if start else "Gather")(x, h, root))
+            got.append(h if r == root else None)
         return got
 
     for i in range(6):
