@@ -1158,6 +1158,10 @@ static PyObject *kept_run(Call *self, PyObject *xo, PyObject *oo, int form) {
         PyErr_SetString(PyExc_RuntimeError, "mpicoll native: call a Call only after gate()");
         return NULL;
     }
+    /* kept.KeptScatter off root: x may be None (it is not read); out stands in for it */
+    int no_x = self->kind == K_SCATTERV && xo == Py_None && self->rank != self->root && PyArray_CheckExact(oo);
+    if (no_x)
+        xo = oo;
     if (!PyArray_CheckExact(xo))
         goto miss;
     PyArrayObject *x = (PyArrayObject *)xo, *out;
@@ -1224,11 +1228,10 @@ static PyObject *kept_run(Call *self, PyObject *xo, PyObject *oo, int form) {
             Py_INCREF(out);
         }
     } else if (self->kind == K_SCATTERV) {
-        /* kept.KeptScatter, for an x given on every rank (None goes to the
-         * Python path): a new out of the kept block shape or a given one
-         * that takes it; at root x holds every block, and an out inside x
-         * must be exactly root's block (in place); elsewhere x is not read
-         * and must not overlap out */
+        /* kept.KeptScatter: a new out of the kept block shape or a given
+         * one that takes it; at root x holds every block, and an out inside
+         * x must be exactly root's block (in place); elsewhere x is not read
+         * (it may be None) and must not overlap out */
         if (oo == Py_None) {
             if ((out = new_like(x, self->gnd, self->gdims)) == NULL)
                 return NULL;
@@ -1238,7 +1241,7 @@ static PyObject *kept_run(Call *self, PyObject *xo, PyObject *oo, int form) {
             out = (PyArrayObject *)oo;
             Py_INCREF(out);
         }
-        if (PyArray_NBYTES(x) > 0 && overlaps(x, out)
+        if (!no_x && PyArray_NBYTES(x) > 0 && overlaps(x, out)
             && (self->rank != self->root || PyArray_BYTES(out) != PyArray_BYTES(x) + self->displs[self->root]
                 || PyArray_NBYTES(out) != self->counts[self->root])) {
             Py_DECREF(out);
@@ -1573,7 +1576,8 @@ static PyObject *door_run(Door *d, PyObject *st, PyObject *key, PyObject *x, PyO
             failed = m == NULL;
             if (!failed && start && PyTuple_Check(res)) {
                 /* a long call, started: the engine lists it (api.started_long) */
-                PyObject *r = PyObject_CallFunctionObjArgs(d->refs[R_STARTED_LONG], res, x, st, NULL);
+                PyObject *r = PyObject_CallFunctionObjArgs(d->refs[R_STARTED_LONG], res, x == Py_None ? out : x, st,
+                                                           NULL); /* (scatter's x may be None: its size is out's) */
                 Py_SETREF(res, r);
                 failed = r == NULL;
             }
@@ -1621,16 +1625,21 @@ static PyObject *door_api(Door *d, PyObject *const *args, size_t nargsf, PyObjec
     if (!door_keywords(args, nargs, kwnames, &comm, door_params[w].out ? &out : NULL, &algorithm, opi, &op, rooti,
                        &root))
         return door_fallback(d, args, nargsf, kwnames);
-    if (!PyArray_CheckExact(x) || !PyUnicode_CheckExact(algorithm) || (op != NULL && !PyUnicode_CheckExact(op))
-        || (root != NULL && !PyLong_CheckExact(root)))
+    /* scatter's x may be None off root (then out is required: its array stands in) */
+    int no_x = (w == D_SCATTER || w == D_ISCATTER) && x == Py_None && PyArray_CheckExact(out);
+    PyArrayObject *xa = (PyArrayObject *)(no_x ? out : x);
+    if (!PyArray_CheckExact((PyObject *)xa) || !PyUnicode_CheckExact(algorithm)
+        || (op != NULL && !PyUnicode_CheckExact(op)) || (root != NULL && !PyLong_CheckExact(root)))
         return door_fallback(d, args, nargsf, kwnames);
     PyObject *st = door_state(d, comm);
     if (st == NULL)
         return PyErr_Occurred() ? NULL : door_fallback(d, args, nargsf, kwnames);
     Py_INCREF(st);
     /* the key, as api.py builds it */
-    PyObject *shape = shape_of((PyArrayObject *)x), *key = NULL, *res = NULL, *name = d->refs[R_NAME];
-    PyObject *descr = (PyObject *)PyArray_DESCR((PyArrayObject *)x);
+    if (no_x)
+        Py_INCREF(Py_None);
+    PyObject *shape = no_x ? Py_None : shape_of(xa), *key = NULL, *res = NULL, *name = d->refs[R_NAME];
+    PyObject *descr = (PyObject *)PyArray_DESCR(xa);
     PyObject *mode = mode_ints[out == Py_None ? 0 : out == x ? 1 : 2], *given = out == Py_None ? Py_False : Py_True;
     if (shape != NULL)
         switch (w) {

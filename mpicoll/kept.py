@@ -572,8 +572,7 @@ class KeptScatter(_KeptRooted):
     """scatter(v): root places its own block, then MPI_Scatterv as the full
     path calls it. Root's x holds every block (``(p,) + s``, or flat with
     counts); another rank's x may be None (then ``out`` is required) and is
-    not read. Gated (csrc/native.c knows its checks, for an x given on every
-    rank)."""
+    not read. Gated (csrc/native.c knows its checks)."""
 
     NATIVE = _native.SCATTERV
     GATED = True

@@ -724,7 +724,7 @@ def test_gated_doors_in_c_serve_the_usual_calls_and_hand_on_the_rest(comm, monke
             comm.Reduce_scatter(a, w, counts, op)
             return w
 
-        row, row2 = np.empty(2, np.int32), np.empty(2, np.int32)
+        row, row2, row3 = np.empty(2, np.int32), np.empty(2, np.int32), np.empty(2, np.int32)
 
         def rows(a):  # root's row for this rank
             w = np.empty(a.shape[1:], a.dtype)
@@ -776,6 +776,8 @@ def test_gated_doors_in_c_serve_the_usual_calls_and_hand_on_the_rest(comm, monke
             (lambda: mpicoll.iscatter(xs, root, comm=comm).wait(), rows(xs)),
             # root's block in place (out is that row of x), another array elsewhere
             (lambda: mpicoll.scatter(xs, root, comm=comm, out=xs[root] if r == root else row2), rows(xs)),
+            # x only on root (None elsewhere: not read)
+            (lambda: given(mpicoll.scatter(xs if r == root else None, root, comm=comm, out=row3), row3), rows(xs)),
         ]
 
     for i in range(6):
