@@ -671,13 +671,12 @@ def _alltoallv(x, sendcounts, recvcounts, comm, out, algorithm, check, timeout, 
 # Where csrc/native.c is built (and MPICOLL_NATIVE is not 0), the doors whose
 # kept calls are gated in C (allreduce, bcast, reduce, reduce_scatter,
 # allgather, alltoall, scatter, gather, and their I-forms) are native.Door
-# objects over the
-# functions above:
-# a repeated call with the usual arguments (a numpy array, a string op, comm,
-# out, algorithm, root) builds the same key those functions build, finds the
-# kept entry and runs its gated call without a Python frame (~0.8 us of a
-# 3 us all-reduce, p = 2, 8 B); any other call goes to the function itself,
-# which decides and raises as before. ``door.__wrapped__`` is the function.
+# objects over the functions above: a repeated call with the usual
+# arguments (a numpy array, a string op, comm, out, algorithm, root) builds
+# the same key those functions build, finds the kept entry and runs its
+# gated call without a Python frame (~0.8 us of a 3 us all-reduce, p = 2,
+# 8 B); any other call goes to the function itself, which decides and
+# raises as before. ``door.__wrapped__`` is the function.
 
 def _c_doors() -> None:
     mod = _native.module()
@@ -688,7 +687,7 @@ def _c_doors() -> None:
                  "ireduce", "allgather", "iallgather", "reduce_scatter", "ireduce_scatter", "scatter", "iscatter"):
         fn = g[name]
         # (the kept signature's name: an I-form shares its blocking form's, but for iallreduce)
-        key = name if name in ("iallreduce",) or not name.startswith("i") else name[1:]
+        key = name if name == "iallreduce" or not name.startswith("i") else name[1:]
         door = mod.Door(getattr(mod, "D_" + name.upper()), fn, _by_handle, _WORLD_HANDLE, MPI.Comm, key,
                         started_long, _MISS)
         g[name] = functools.update_wrapper(door, fn)

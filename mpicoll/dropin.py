@@ -814,15 +814,15 @@ class Comm(MPI.Intracomm):
 #     def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM, *, algorithm="auto"):
 #         return self._allreduce(sendbuf, recvbuf, op, algorithm, "run")
 #
-# (the _init form takes mpi4py's ``info`` after the others). A row with a
-# door in C (its last column: csrc/native.c's D_COMM_<name> and D_COMM_I<name>)
-# gets, where that module is built, a MethodDoor over its blocking and
-# I-form: a repeated call on plain 1-d arrays finds the kept entry the api
-# door filed and runs its gated call without these methods' frames (~1.5 us
-# of a 2 us call at p = 2); any other call goes to the method itself. They are written
-# out as source and compiled once at import, as namedtuple and dataclasses
-# do: a real signature (mpi4py's TypeError for a wrong call, help() and
-# inspect show it) at the cost of a plain method call.
+# (the _init form takes mpi4py's ``info`` after the others). They are
+# written out as source and compiled once at import, as namedtuple and
+# dataclasses do: a real signature (mpi4py's TypeError for a wrong call,
+# help() and inspect show it) at the cost of a plain method call. A row with
+# a door in C (its last column: csrc/native.c's D_COMM_<name> and
+# D_COMM_I<name>) gets, where that module is built, a MethodDoor over its
+# blocking and I-form: a repeated call on plain arrays finds the kept entry
+# the api door filed and runs its gated call without these methods' frames
+# (~1.5 us of a 2 us call at p = 2); any other call goes to the method.
 _METHODS = (
     ("Allreduce", "sendbuf, recvbuf, op=MPI.SUM", "_allreduce", "", "ALLREDUCE"),
     ("Reduce", "sendbuf, recvbuf, op=MPI.SUM, root=0", "_reduce", "", "REDUCE"),
@@ -838,7 +838,6 @@ _METHODS = (
     ("Alltoall", "sendbuf, recvbuf", "_alltoall", "'Alltoall', ", "ALLTOALL"),
     ("Alltoallv", "sendbuf, recvbuf", "_alltoall", "'Alltoallv', ", None),
 )
-
 
 _DOCS = {
     "run": "mpi4py's ``{name}`` on mpicoll (the module docstring says what is accepted); ``algorithm=`` "
