@@ -82,7 +82,7 @@ typedef struct {
      * the communicator's state and the facts kept.py checks on every call. */
     PyObject *st, *busy, *numbers, *env_data, *env_keys, *env_vals, *engine, *miss;
     int mode; /* kept.py's: 0 no out, 1 out is x, 2 another out */
-    int gnd;                   /* K_GATHERV: root's result shape (kept.KeptGather.shape) */
+    int gnd; /* K_GATHERV, K_SCATTERV: the result's shape (kept.KeptGather/KeptScatter.shape), read by gate() */
     npy_intp gdims[NPY_MAXDIMS];
     /* K_PROGRAM (program()): one executor.Executable's program and the kit
      * of its blocking runs - what Executable.run passes to mpicoll_x_run -
@@ -745,10 +745,10 @@ static PyObject *Call_fits(Call *self, PyObject *const *args, Py_ssize_t nargs) 
     Py_RETURN_TRUE;
 }
 
-/* ---- a kept all-reduce's (bcast's, alltoall's) short path, whole (kept.KeptAllreduce.__call__) ----
+/* ---- a kept call's short path, whole (kept.KeptAllreduce.__call__ and the other kept calls) ----
  *
- * gate(st, kept, env_data, engine, miss) binds the object to a kept
- * all-reduce (bcast, alltoall) of the library's algorithm: its communicator's state (the
+ * gate(st, kept, env_data, engine, miss) binds the object to a kept call
+ * of the library's algorithm (any kind but alltoallv): its communicator's state (the
  * one-thread gate ``busy``, the call numbers), the environment it was
  * decided under and the engine (callbacks running). Then calling the object
  * with (x, out) does what KeptAllreduce.__call__ does for such a call - the
@@ -1150,9 +1150,10 @@ static int takes(PyObject *oo, PyArrayObject *x, int nd, npy_intp *dims) {
            && (PyArray_DESCR(o) == PyArray_DESCR(x) || PyArray_EquivTypes(PyArray_DESCR(o), PyArray_DESCR(x)));
 }
 
-/* The kept all-reduce (bcast, alltoall) on (x, out), blocking (returns the
- * result) or started (F_START: see start_kept); ``miss`` for anything
- * unusual. */
+/* The kept call (every gated kind: all-reduce, bcast, reduce, reduce-scatter,
+ * allgather, alltoall, scatter, gather, program) on (x, out), blocking
+ * (returns the result) or started (F_START: see start_kept); ``miss`` for
+ * anything unusual. */
 static PyObject *kept_run(Call *self, PyObject *xo, PyObject *oo, int form) {
     if (self->st == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "mpicoll native: call a Call only after gate()");
@@ -1422,8 +1423,7 @@ static PyMethodDef Call_methods[] = {
      "program(xrun, state, steps, nsteps, lists, scratch, info, op, dtype, comm, nbytes, exe, kit): a program's "
      "Call runs this executor program (gate() it, then call it)."},
     {"gate", (PyCFunction)(void (*)(void))Call_gate, METH_FASTCALL,
-     "gate(st, kept, env_data, engine, miss): bind a kept all-reduce's (bcast's, alltoall's) state; then call the "
-     "object with (x, out)."},
+     "gate(st, kept, env_data, engine, miss): bind a kept call's state; then call the object with (x, out)."},
     {"start", (PyCFunction)(void (*)(void))Call_start, METH_FASTCALL,
      "start(sbuf, rbuf) -> Req: the I-call on these arrays, started."},
     {"init", (PyCFunction)(void (*)(void))Call_persistent, METH_FASTCALL,
@@ -1452,13 +1452,14 @@ static PyTypeObject CallType = {
 /* ---- the front doors of the gated calls, in C ---------------------------------
  *
  * ``mpicoll.allreduce`` and the other gated doors (api.py) are Door objects
- * over their Python functions when this module is built: a repeated call of
- * a kept, gated signature with the usual arguments - a numpy array, a
- * string op, ``comm``, ``out`` and ``algorithm`` (``root`` for bcast) and
- * nothing else - builds the signature's key exactly as the Python door does
- * (api.py: ``(name, x.shape, x.dtype, op, algorithm, mode)``, bcast's
- * ``(name, x.shape, x.dtype, root, algorithm)``, alltoall's ``(name,
- * x.shape, x.dtype, algorithm, mode)``), finds the kept entry in the
+ * over their Python functions when this module is built, and mpicoll.Comm's
+ * methods of the same collectives MethodDoors (dropin.py): a repeated call
+ * of a kept, gated signature with the usual arguments - a numpy array, a
+ * string op, ``comm``, ``out``, ``algorithm``, ``root`` and nothing else -
+ * builds the signature's key exactly as the Python door does (api.py's
+ * ``_door`` keys, e.g. ``(name, x.shape, x.dtype, op, algorithm, mode)``;
+ * a change to those keys must be made here too: the tests' ``fallbacks``
+ * counts show a mismatch), finds the kept entry in the
  * communicator's plan cache and runs its gated Call (kept_run). Anything
  * else - another keyword, an MPI.Op, no state or no entry yet, a call the
  * Call does not take (miss) - goes to the Python function with the same
@@ -1489,7 +1490,7 @@ typedef struct {
 } Door;
 
 static PyObject *s_comm, *s_out, *s_algorithm, *s_op, *s_root, *s_handle, *s_plans, *s_d_, *s_fast, *s_move_to_end,
-    *s_sum, *s_auto, *s_calls_, *s_fast_ops_, *mode_ints[3], *zero;
+    *s_sum, *s_auto, *s_calls_, *s_fast_ops_, *s_size, *s_rank, *mode_ints[3], *zero;
 
 static PyObject *door_fallback(Door *d, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     d->fallbacks++;
@@ -1770,7 +1771,7 @@ static PyObject *door_comm_run(Door *d, PyObject *const *args, PyObject *second,
     int w = d->which, start = comm_params[w - D_COMM_ALLREDUCE].start;
     PyObject *name = d->refs[R_NAME], *x = NULL, *out = Py_None, *key = NULL, *shape = NULL, *res = NULL, *opn;
     PyObject *va = NULL, *vb = NULL; /* reshaped views */
-    PyObject *v = PyObject_GetAttrString(st, "size"), *rv = PyObject_GetAttrString(st, "rank");
+    PyObject *v = PyObject_GetAttr(st, s_size), *rv = PyObject_GetAttr(st, s_rank);
     long p = v == NULL ? -1 : PyLong_AsLong(v), rank = rv == NULL ? -1 : PyLong_AsLong(rv);
     Py_XDECREF(v);
     Py_XDECREF(rv);
@@ -2080,7 +2081,7 @@ static PyObject *init(const char *name) {
         {&s_live_, "_live"}, {&s_Wait, "Wait"}, {&s_comm, "comm"}, {&s_out, "out"}, {&s_algorithm, "algorithm"},
         {&s_op, "op"}, {&s_root, "root"}, {&s_handle, "handle"}, {&s_plans, "plans"}, {&s_d_, "_d"},
         {&s_fast, "fast"}, {&s_move_to_end, "move_to_end"}, {&s_sum, "sum"}, {&s_auto, "auto"},
-        {&s_calls_, "_calls"}, {&s_fast_ops_, "_FAST_OPS"}};
+        {&s_calls_, "_calls"}, {&s_fast_ops_, "_FAST_OPS"}, {&s_size, "size"}, {&s_rank, "rank"}};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (*names[i].s == NULL && (*names[i].s = PyUnicode_InternFromString(names[i].text)) == NULL)
             return NULL;

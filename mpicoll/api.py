@@ -317,16 +317,7 @@ def iallreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", dtype=None
         # may decide otherwise for a nonblocking call (select: shm's C path
         # is blocking only)
         mode = 0 if out is None else 1 if out is x else 2
-        key = ("iallreduce", x.shape, x.dtype, o, algorithm, mode)
-        if extra:
-            key += extra
-        # The kept call started whole in C where it is gated (the request
-        # made there too): _door's first branch, without its frame.
-        k = _kept(comm, key)
-        if k is not None and k.fast is not None:
-            got = k.fast.start_kept(x, out)
-            if got is not _MISS:
-                return got if type(got) is not tuple else started_long(got, x, k.st)
+        key = ("iallreduce", x.shape, x.dtype, o, algorithm, mode) + extra
         return _door(key, comm, (x, out), lambda nb: _plan.allreduce(
             x, op, comm=comm, out=out, algorithm=algorithm, dtype=dtype, check=check, nonblocking=nb), False, mode)
     return _plan.allreduce(x, op, comm=comm, out=out, algorithm=algorithm, dtype=dtype, compression=compression,
@@ -483,14 +474,6 @@ def allgatherv(x, counts, *, comm=None, out=None, algorithm="auto", check=None, 
 def alltoall(x, *, comm=None, out=None, algorithm="auto", check=None, timeout=None):
     """Row j of ``x`` (shape ``(p,) + s``) goes to rank j; row i of the result
     came from rank i. ``out=x`` works in place."""
-    if type(x) is np.ndarray and type(algorithm) is str and check is None and timeout is None:
-        # A kept signature's call whole in C first (kept.KeptAlltoall is
-        # gated), without _door's frames; MISS goes the usual way.
-        k = _kept(comm, ("alltoall", x.shape, x.dtype, algorithm, 0 if out is None else 1 if out is x else 2))
-        if k is not None and k.fast is not None:
-            res = k.fast(x, out)
-            if res is not _MISS:
-                return res
     return _alltoall(x, comm, out, algorithm, check, timeout, True)
 
 
