@@ -47,6 +47,7 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* The collectives, as the kept plans call them (mpicoll/kept.py). */
 enum kind {
@@ -880,6 +881,137 @@ static PyObject *Call_gate(Call *self, PyObject *const *args, Py_ssize_t nargs) 
     Py_RETURN_NONE;
 }
 
+/* ---- the one-thread gate of a communicator (CommState.busy) -----------------
+ *
+ * runtime.enter and every fast path take the communicator's gate with a
+ * non-blocking acquire and give it back after the call. As a
+ * threading.Lock, each pass was two Python calls from C (~0.15 us of a
+ * 2 us call: acquire parses its arguments as keywords). Gate is that lock
+ * for mpicoll's use: a flag read and written only with the GIL held (every
+ * acquire and release of it is), so taking it is one test and one store
+ * in C (gate_take/gate_give) and the Python methods keep threading.Lock's
+ * meaning - acquire(blocking=True, timeout=-1) -> bool, release(),
+ * locked(), a context manager. A blocking acquire waits with the GIL
+ * released, polling. */
+typedef struct {
+    PyObject_HEAD
+    int held;
+} Gate;
+
+static PyTypeObject GateType;
+
+/* 1: taken, 0: held by someone, -1: an error (busy is some other lock). */
+static int gate_take(PyObject *busy) {
+    if (Py_TYPE(busy) == &GateType) {
+        Gate *g = (Gate *)busy;
+        if (g->held)
+            return 0;
+        g->held = 1;
+        return 1;
+    }
+    PyObject *got = PyObject_CallMethodOneArg(busy, s_acquire, Py_False);
+    if (got == NULL)
+        return -1;
+    int r = got == Py_True;
+    Py_DECREF(got);
+    return r;
+}
+
+/* 0, or -1 with an error. */
+static int gate_give(PyObject *busy) {
+    if (Py_TYPE(busy) == &GateType) {
+        ((Gate *)busy)->held = 0;
+        return 0;
+    }
+    PyObject *r = PyObject_CallMethodNoArgs(busy, s_release);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
+static PyObject *Gate_acquire(Gate *self, PyObject *args, PyObject *kw) {
+    static char *names[] = {"blocking", "timeout", NULL};
+    int blocking = 1;
+    double timeout = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|pd:acquire", names, &blocking, &timeout))
+        return NULL;
+    if (!self->held) {
+        self->held = 1;
+        Py_RETURN_TRUE;
+    }
+    if (!blocking) {
+        if (timeout != -1) {
+            PyErr_SetString(PyExc_ValueError, "can't specify a timeout for a non-blocking call");
+            return NULL;
+        }
+        Py_RETURN_FALSE;
+    }
+    if (timeout < 0 && timeout != -1) {
+        PyErr_SetString(PyExc_ValueError, "timeout value must be a non-negative number");
+        return NULL;
+    }
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    double end = (double)now.tv_sec + now.tv_nsec * 1e-9 + timeout;
+    while (self->held) {
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (timeout >= 0 && (double)now.tv_sec + now.tv_nsec * 1e-9 >= end)
+            Py_RETURN_FALSE;
+        Py_BEGIN_ALLOW_THREADS
+        struct timespec ts = {0, 50000};
+        nanosleep(&ts, NULL);
+        Py_END_ALLOW_THREADS
+        if (PyErr_CheckSignals() < 0)
+            return NULL;
+    }
+    self->held = 1;
+    Py_RETURN_TRUE;
+}
+
+static PyObject *Gate_release(Gate *self, PyObject *unused) {
+    (void)unused;
+    if (!self->held) {
+        PyErr_SetString(PyExc_RuntimeError, "release unlocked lock");
+        return NULL;
+    }
+    self->held = 0;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Gate_locked(Gate *self, PyObject *unused) {
+    (void)unused;
+    return PyBool_FromLong(self->held);
+}
+
+static PyObject *Gate_exit(Gate *self, PyObject *args) {
+    (void)args;
+    return Gate_release(self, NULL);
+}
+
+static PyMethodDef Gate_methods[] = {
+    {"acquire", (PyCFunction)(void (*)(void))Gate_acquire, METH_VARARGS | METH_KEYWORDS,
+     "acquire(blocking=True, timeout=-1) -> bool, as threading.Lock's."},
+    {"release", (PyCFunction)Gate_release, METH_NOARGS, "release(): give the gate back."},
+    {"locked", (PyCFunction)Gate_locked, METH_NOARGS, "locked() -> bool"},
+    {"__enter__", (PyCFunction)(void (*)(void))Gate_acquire, METH_VARARGS | METH_KEYWORDS, "acquire()"},
+    {"__exit__", (PyCFunction)Gate_exit, METH_VARARGS, "release()"},
+    {NULL, NULL, 0, NULL}};
+
+static PyObject *Gate_repr(Gate *self) {
+    return PyUnicode_FromFormat("<mpicoll gate %s>", self->held ? "held" : "free");
+}
+
+static PyTypeObject GateType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "mpicoll.native.Gate",
+    .tp_basicsize = sizeof(Gate),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A communicator's one-thread gate: threading.Lock's methods, taken from C in one step (see "
+              "csrc/native.c).",
+    .tp_new = PyType_GenericNew,
+    .tp_methods = Gate_methods,
+    .tp_repr = (reprfunc)Gate_repr,
+};
+
 /* ---- the engine's NativeRequest, made and waited for from C ----------------
  *
  * A short native I-call waited for at once is the common case of every
@@ -1293,15 +1425,13 @@ static PyObject *kept_run(Call *self, PyObject *xo, PyObject *oo, int form) {
     }
     /* The one-thread gate (runtime.enter): a thread already in it, and the
      * Python path raises the error that applies. */
-    PyObject *got = PyObject_CallMethodOneArg(self->busy, s_acquire, Py_False);
-    if (got != Py_True) {
+    int took = gate_take(self->busy);
+    if (took != 1) {
         Py_DECREF(out);
-        Py_XDECREF(got);
-        if (PyErr_Occurred())
+        if (took < 0)
             return NULL;
         goto miss;
     }
-    Py_DECREF(got);
     /* The call's number (CommState.next_seq): next() of its itertools.count. */
     PyObject *seq = PyIter_Next(self->numbers), *next = NULL;
     int rc = MPI_SUCCESS, xrc = MPICOLL_X_DONE, tag = 0, failed = seq == NULL;
@@ -1348,8 +1478,7 @@ static PyObject *kept_run(Call *self, PyObject *xo, PyObject *oo, int form) {
     }
     PyObject *exc_type, *exc_value, *exc_tb;
     PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
-    PyObject *rel = PyObject_CallMethodNoArgs(self->busy, s_release);
-    if (rel == NULL) {
+    if (gate_give(self->busy) < 0) {
         Py_XDECREF(exc_type);
         Py_XDECREF(exc_value);
         Py_XDECREF(exc_tb);
@@ -1357,7 +1486,6 @@ static PyObject *kept_run(Call *self, PyObject *xo, PyObject *oo, int form) {
         Py_DECREF(out);
         return NULL;
     }
-    Py_DECREF(rel);
     PyErr_Restore(exc_type, exc_value, exc_tb);
     if (!failed && xrc != MPICOLL_X_DONE) {
         /* The executor's error: Executable.gated_failed keeps what the
@@ -1447,6 +1575,292 @@ static PyTypeObject CallType = {
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Call_new_init,
     .tp_dealloc = (destructor)Call_dealloc,
+};
+
+/* ---- a persistent request's start and wait, in C (persistent.Persistent) -----
+ *
+ * ``req.start(); req.wait()`` of a persistent plan of the library's
+ * algorithm is, in persistent.py's Python, the gate, the inputs, a call
+ * number, MPI_Start, and MPI_Wait when nothing else is in flight: ~1 us of
+ * Python frames on top of the library's ~2 us at 8 B (mpi4py's own
+ * Prequest is two C calls). PersistFront is Persistent's base class where
+ * this module is built: its start/wait/__call__/Start/Wait do that in C
+ * once ``_front()`` has bound the request's facts, and call Persistent's
+ * ``_start``/``_wait`` (the Python, which stays the one full description)
+ * for everything else: no request bound (another algorithm, a timeout, the
+ * native module off), a callback running or a thread in the gate (the
+ * Python raises the error that applies), a run already handed to the
+ * engine, other requests in flight, a second thread waiting. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *fast;     /* _fast: the library's persistent Req this front runs, or None/NULL */
+    PyObject *req;      /* _req: persistent.py's request of the current run, or None/NULL */
+    char active;        /* _active: started, not yet waited for */
+    long long seq;      /* _seq: the current run's call number */
+    /* bound by _front(): the communicator's state, its gate's acquire and
+     * release, its call numbers, the engine module, the plan's result, and
+     * the steps before MPI_Start and after MPI_Wait (tuples; see run_steps) */
+    PyObject *st, *busy, *numbers, *engmod, *result, *pre, *post;
+} Persist;
+
+static PyObject *s__start, *s__wait;
+
+static int Persist_traverse(Persist *self, visitproc visit, void *arg) {
+    Py_VISIT(self->fast);
+    Py_VISIT(self->req);
+    Py_VISIT(self->st);
+    Py_VISIT(self->busy);
+    Py_VISIT(self->numbers);
+    Py_VISIT(self->engmod);
+    Py_VISIT(self->result);
+    Py_VISIT(self->pre);
+    Py_VISIT(self->post);
+    return 0;
+}
+
+static void Persist_unbind(Persist *self) {
+    Py_CLEAR(self->st);
+    Py_CLEAR(self->busy);
+    Py_CLEAR(self->numbers);
+    Py_CLEAR(self->engmod);
+    Py_CLEAR(self->result);
+    Py_CLEAR(self->pre);
+    Py_CLEAR(self->post);
+}
+
+static int Persist_clear(Persist *self) {
+    Py_CLEAR(self->fast);
+    Py_CLEAR(self->req);
+    Persist_unbind(self);
+    return 0;
+}
+
+static void Persist_dealloc(Persist *self) {
+    PyObject_GC_UnTrack(self);
+    Persist_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* The bound Req, or NULL: the C path applies (no error set either way). */
+static Req *persist_fast(Persist *self) {
+    if (self->fast == NULL || Py_TYPE(self->fast) != &ReqType || self->st == NULL)
+        return NULL;
+    return (Req *)self->fast;
+}
+
+/* _front(st, engine, result, pre, post): bind the facts the C start and
+ * wait use (persistent.py, once): the communicator's state, the engine
+ * module, the plan's result, and its steps as tuples - ``pre`` (the stage
+ * and the prologue) before MPI_Start, ``post`` (the finish) after MPI_Wait;
+ * a step is a callable, or (dst, src) for a buffers.Copy. ``_fast`` then
+ * names the library's request; setting it to None turns the C path off. */
+static PyObject *Persist_front(Persist *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5 || !PyTuple_Check(args[3]) || !PyTuple_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "mpicoll native: _front(st, engine, result, pre, post), the steps tuples");
+        return NULL;
+    }
+    PyObject *busy = PyObject_GetAttr(args[0], s_busy), *numbers = PyObject_GetAttr(args[0], s_numbers);
+    if (busy == NULL || numbers == NULL) {
+        Py_XDECREF(busy);
+        Py_XDECREF(numbers);
+        return NULL;
+    }
+    Persist_unbind(self);
+    self->busy = busy;
+    self->numbers = numbers;
+    PyObject **slots[] = {&self->st, &self->engmod, &self->result, &self->pre, &self->post};
+    for (int i = 0; i < 5; i++) {
+        Py_INCREF(args[i]);
+        *slots[i] = args[i];
+    }
+    Py_RETURN_NONE;
+}
+
+/* Run a tuple of steps: call each callable; a (dst, src) pair is one
+ * memmove where both are contiguous arrays of one dtype and size (what
+ * ``dst[...] = src`` does then), else that assignment. 0, or -1 with the
+ * step's error set. */
+static int run_steps(PyObject *steps) {
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(steps); i++) {
+        PyObject *f = PyTuple_GET_ITEM(steps, i);
+        if (PyTuple_Check(f) && PyTuple_GET_SIZE(f) == 2) {
+            PyObject *dst = PyTuple_GET_ITEM(f, 0), *src = PyTuple_GET_ITEM(f, 1);
+            PyArrayObject *d = (PyArrayObject *)dst, *s = (PyArrayObject *)src;
+            if (PyArray_CheckExact(dst) && PyArray_CheckExact(src) && PyArray_ISCARRAY(d)
+                && PyArray_IS_C_CONTIGUOUS(s) && PyArray_NBYTES(d) == PyArray_NBYTES(s)
+                && PyArray_SIZE(d) == PyArray_SIZE(s) && PyArray_EquivTypes(PyArray_DESCR(d), PyArray_DESCR(s))) {
+                if (PyArray_NBYTES(d) > 0)
+                    memmove(PyArray_DATA(d), PyArray_DATA(s), (size_t)PyArray_NBYTES(d));
+            } else if (PyObject_SetItem(dst, Py_Ellipsis, src) < 0)
+                return -1;
+        } else {
+            PyObject *r = PyObject_CallNoArgs(f);
+            if (r == NULL)
+                return -1;
+            Py_DECREF(r);
+        }
+    }
+    return 0;
+}
+
+static PyObject *Persist_start(Persist *self, PyObject *unused) {
+    (void)unused;
+    Req *q = persist_fast(self);
+    if (q == NULL)
+        return PyObject_CallMethodNoArgs((PyObject *)self, s__start);
+    if (self->active) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "mpicoll: persistent request started again before it completed (wait() first)");
+        return NULL;
+    }
+    /* runtime.enter's two checks: a callback running, a thread in the gate
+     * - the Python start raises the error that applies */
+    PyObject *v = PyObject_GetAttr(self->engmod, s_running);
+    if (v == NULL)
+        return NULL;
+    int running = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    if (running < 0)
+        return NULL;
+    int took = running ? 0 : gate_take(self->busy);
+    if (took != 1)
+        return took < 0 ? NULL : PyObject_CallMethodNoArgs((PyObject *)self, s__start);
+    /* Plan.inputs: the stage, then the prologue */
+    int failed = run_steps(self->pre) < 0, rc = MPI_SUCCESS;
+    /* CommState.next_seq, as kept_run takes it */
+    PyObject *seq = failed ? NULL : PyIter_Next(self->numbers);
+    if (!failed) {
+        PyObject *next = seq == NULL ? NULL : PyNumber_Add(seq, one);
+        long long sv = seq == NULL ? -1 : PyLong_AsLongLong(seq);
+        failed = next == NULL || PyObject_SetAttr(self->st, s_seq, next) < 0 || (sv == -1 && PyErr_Occurred());
+        Py_XDECREF(next);
+        if (!failed)
+            self->seq = sv;
+    }
+    Py_XDECREF(seq);
+    if (!failed) {
+        if (q->active) {
+            PyErr_SetString(PyExc_RuntimeError, "mpicoll native: Start() of an active request");
+            failed = 1;
+        } else if ((rc = MPI_Start(&q->req)) == MPI_SUCCESS)
+            q->active = 1;
+    }
+    PyObject *exc_type, *exc_value, *exc_tb;
+    PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
+    if (gate_give(self->busy) < 0) {
+        Py_XDECREF(exc_type);
+        Py_XDECREF(exc_value);
+        Py_XDECREF(exc_tb);
+        return NULL;
+    }
+    PyErr_Restore(exc_type, exc_value, exc_tb);
+    if (failed)
+        return NULL;
+    if (rc != MPI_SUCCESS) {
+        raise_mpi(rc);
+        return NULL;
+    }
+    self->active = 1;
+    Py_CLEAR(self->req);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Persist_wait(Persist *self, PyObject *unused) {
+    (void)unused;
+    Req *q = persist_fast(self);
+    if (q == NULL || (self->active && ((self->req != NULL && self->req != Py_None) || q->inside)))
+        return PyObject_CallMethodNoArgs((PyObject *)self, s__wait);
+    if (!self->active) { /* MPI: waiting on an inactive persistent request returns at once */
+        Py_INCREF(self->result);
+        return self->result;
+    }
+    /* Nothing else in flight (engine._engine.active empty; persistent.py's
+     * wait reads it the same way, without the lock) */
+    if (E_engine == NULL)
+        return PyObject_CallMethodNoArgs((PyObject *)self, s__wait);
+    PyObject *lst = PyObject_GetAttr(E_engine, s_active);
+    if (lst == NULL)
+        return NULL;
+    int busy = !PyList_Check(lst) || PyList_GET_SIZE(lst) > 0;
+    Py_DECREF(lst);
+    if (busy)
+        return PyObject_CallMethodNoArgs((PyObject *)self, s__wait);
+    int rc;
+    q->inside = 1;
+    Py_BEGIN_ALLOW_THREADS
+    rc = MPI_Wait(&q->req, MPI_STATUS_IGNORE);
+    Py_END_ALLOW_THREADS
+    q->inside = 0;
+    self->active = 0;
+    Py_CLEAR(self->req);
+    if (rc != MPI_SUCCESS) {
+        raise_mpi(rc);
+        return NULL;
+    }
+    completed(q);
+    if (run_steps(self->post) < 0)
+        return NULL;
+    Py_INCREF(self->result);
+    return self->result;
+}
+
+static PyObject *Persist_call(PyObject *self, PyObject *args, PyObject *kw) {
+    if ((args != NULL && PyTuple_GET_SIZE(args) > 0) || (kw != NULL && PyDict_GET_SIZE(kw) > 0)) {
+        PyErr_SetString(PyExc_TypeError, "mpicoll: a persistent request is called with no arguments");
+        return NULL;
+    }
+    PyObject *r = Persist_start((Persist *)self, NULL);
+    if (r == NULL)
+        return NULL;
+    Py_DECREF(r);
+    return Persist_wait((Persist *)self, NULL);
+}
+
+/* Wait(status=None) -> True: mpi4py's spelling. */
+static PyObject *Persist_Wait(Persist *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    (void)args;
+    if (nargs > 1 || (kwnames != NULL && (nargs + PyTuple_GET_SIZE(kwnames) > 1
+                                          || PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "status") != 0))) {
+        PyErr_SetString(PyExc_TypeError, "mpicoll: Wait(status=None)");
+        return NULL;
+    }
+    PyObject *r = Persist_wait(self, NULL);
+    if (r == NULL)
+        return NULL;
+    Py_DECREF(r);
+    Py_RETURN_TRUE;
+}
+
+static PyMemberDef Persist_members[] = {
+    {"_fast", T_OBJECT, offsetof(Persist, fast), 0, "the library's persistent Req the C start/wait run, or None"},
+    {"_req", T_OBJECT, offsetof(Persist, req), 0, "the engine's request of the current run, or None"},
+    {"_active", T_BOOL, offsetof(Persist, active), 0, "started and not yet waited for"},
+    {"_seq", T_LONGLONG, offsetof(Persist, seq), 0, "the current run's call number"},
+    {NULL, 0, 0, 0, NULL}};
+
+static PyMethodDef Persist_methods[] = {
+    {"_front", (PyCFunction)(void (*)(void))Persist_front, METH_FASTCALL,
+     "_front(st, engine, result, pre, post): bind what the C start and wait use."},
+    {"start", (PyCFunction)Persist_start, METH_NOARGS, "Start the collective (MPI_Start)."},
+    {"Start", (PyCFunction)Persist_start, METH_NOARGS, "start(), mpi4py's spelling."},
+    {"wait", (PyCFunction)Persist_wait, METH_NOARGS, "Wait for the run and return the result."},
+    {"Wait", (PyCFunction)(void (*)(void))Persist_Wait, METH_FASTCALL | METH_KEYWORDS,
+     "Wait(status=None) -> True: wait(), mpi4py's spelling."},
+    {NULL, NULL, 0, NULL}};
+
+static PyTypeObject PersistType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "mpicoll.native.PersistFront",
+    .tp_basicsize = sizeof(Persist),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A persistent request's start and wait in C (persistent.Persistent's base; see csrc/native.c).",
+    .tp_new = PyType_GenericNew,
+    .tp_traverse = (traverseproc)Persist_traverse,
+    .tp_clear = (inquiry)Persist_clear,
+    .tp_dealloc = (destructor)Persist_dealloc,
+    .tp_call = Persist_call,
+    .tp_methods = Persist_methods,
+    .tp_members = Persist_members,
 };
 
 /* ---- the front doors of the gated calls, in C ---------------------------------
@@ -2069,7 +2483,8 @@ static PyObject *init(const char *name) {
     import_array1(NULL);  /* (returns NULL with numpy's error if numpy's C API is missing) */
     module.m_name = name;
     if (PyType_Ready(&CallType) < 0 || PyType_Ready(&ReqType) < 0 || PyType_Ready(&DoorType) < 0
-        || PyType_Ready(&MethodDoorType) < 0)
+        || PyType_Ready(&MethodDoorType) < 0 || PyType_Ready(&PersistType) < 0
+        || PyType_Ready(&GateType) < 0)
         return NULL;
     static const struct { PyObject **s; const char *text; } names[] = {
         {&s_freed, "freed"}, {&s_seq, "seq"}, {&s_acquire, "acquire"}, {&s_release, "release"},
@@ -2081,7 +2496,8 @@ static PyObject *init(const char *name) {
         {&s_live_, "_live"}, {&s_Wait, "Wait"}, {&s_comm, "comm"}, {&s_out, "out"}, {&s_algorithm, "algorithm"},
         {&s_op, "op"}, {&s_root, "root"}, {&s_handle, "handle"}, {&s_plans, "plans"}, {&s_d_, "_d"},
         {&s_fast, "fast"}, {&s_move_to_end, "move_to_end"}, {&s_sum, "sum"}, {&s_auto, "auto"},
-        {&s_calls_, "_calls"}, {&s_fast_ops_, "_FAST_OPS"}, {&s_size, "size"}, {&s_rank, "rank"}};
+        {&s_calls_, "_calls"}, {&s_fast_ops_, "_FAST_OPS"}, {&s_size, "size"}, {&s_rank, "rank"}, {&s__start, "_start"},
+        {&s__wait, "_wait"}};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (*names[i].s == NULL && (*names[i].s = PyUnicode_InternFromString(names[i].text)) == NULL)
             return NULL;
@@ -2107,7 +2523,8 @@ static PyObject *init(const char *name) {
     if (m == NULL)
         return NULL;
     if (PyModule_AddType(m, &CallType) < 0 || PyModule_AddType(m, &DoorType) < 0
-        || PyModule_AddType(m, &MethodDoorType) < 0) {
+        || PyModule_AddType(m, &MethodDoorType) < 0 || PyModule_AddType(m, &PersistType) < 0
+        || PyModule_AddType(m, &ReqType) < 0 || PyModule_AddType(m, &GateType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -10,11 +10,55 @@ from mpi4py import MPI
 
 from . import engine
 from . import executor as _executor
+from . import native as _native
 from . import program as _program
 from . import schedule as _sched
-from .runtime import Plan, _then, enter, start_direct
+from .buffers import Copy
+from .runtime import Plan, Then, _then, enter, start_direct
 
-class Persistent:
+
+class _PyFront:
+    """start/wait and mpi4py's spellings, in Python (where csrc/native.c's
+    PersistFront, which runs the common start and wait itself, is not built
+    or turned off): Persistent's ``_start`` and ``_wait``."""
+
+    def start(self) -> None:
+        self._start()
+
+    def wait(self):
+        return self._wait()
+
+    def __call__(self):
+        self._start()
+        return self._wait()
+
+    Start = start
+
+    def Wait(self, status=None):  # noqa: N802 (mpi4py's spelling)
+        self._wait()
+        return True
+
+
+_nat = _native.module()
+
+
+def steps(*fs) -> tuple:
+    """A plan's steps as the C front runs them (csrc/native.c run_steps):
+    None dropped, ``_then`` chains flattened, a buffers.Copy as its
+    ``(dst, src)``, any other callable as it is."""
+    out = []
+    for f in fs:
+        if type(f) is Then:
+            out += steps(*f.parts)
+        elif type(f) is Copy:
+            out.append((f.dst, f.src))
+        elif f is not None:
+            out.append(f)
+    return tuple(out)
+
+_Front = _nat.PersistFront if _nat is not None else _PyFront
+
+class Persistent(_Front):
     """A persistent collective (MPI-4 ``MPI_Allreduce_init`` semantics).
 
     Built once by ``mpicoll.allreduce_init`` (and the other ``*_init``):
@@ -25,6 +69,12 @@ class Persistent:
     buffers are bound at creation: write the new input into them between
     runs. ``Start``/``Wait``/``Test`` are mpi4py's spellings; ``free()``
     releases the MPI request.
+
+    ``start``, ``wait``, calling and ``Start``/``Wait`` come from the base
+    class: where the native module is built, a C front that runs a run of
+    the library's persistent request - the gate, the inputs, the call
+    number, MPI_Start; MPI_Wait when nothing else is in flight - and calls
+    ``_start``/``_wait`` below for everything else.
     """
 
     def __init__(self, plan: Plan):
@@ -37,6 +87,10 @@ class Persistent:
         self._active = False
         self._seq = -1  # the number of the call in flight (timeout messages)
         self._finish = _then(plan.native.after, plan.finish) if self._mpi is not None else None
+        self._fast = None
+        if _nat is not None and type(self._mpi) is _nat.Req and plan.timeout is None:
+            self._front(plan.st, engine, plan.result, steps(plan.stage, plan.prologue), steps(self._finish))
+            self._fast = self._mpi
         # A compilable schedule is recorded once, here, and every start runs
         # the recording in the C executor (executor.py); shm has a runner
         # of its own in C (registry ``direct``).
@@ -74,7 +128,7 @@ class Persistent:
     def result(self):
         return self._plan.result
 
-    def start(self) -> None:
+    def _start(self) -> None:
         if self._active:
             raise RuntimeError("mpicoll: persistent request started again before it completed (wait() first)")
         plan = self._plan
@@ -129,7 +183,7 @@ class Persistent:
         _, buf, _, src, _ = plan.recordable
         return start_direct(plan.st, self._direct, buf, src, plan.result, plan.finish, plan.inputs)
 
-    def wait(self):
+    def _wait(self):
         if not self._active:
             return self._plan.result  # MPI: waiting on an inactive persistent request returns at once
         try:
@@ -179,22 +233,13 @@ class Persistent:
         self._req = None
         return True
 
-    def __call__(self):
-        self.start()
-        return self.wait()
-
     def free(self) -> None:
         if self._active:
             self.wait()
+        self._fast = None
         if self._mpi is not None and not MPI.Is_finalized():
             self._mpi.Free()
         self._mpi = None
-
-    Start = start
-
-    def Wait(self, status=None):  # noqa: N802 (mpi4py's spelling)
-        self.wait()
-        return True
 
     def Test(self, status=None) -> bool:  # noqa: N802
         return self.test()

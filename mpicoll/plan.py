@@ -45,7 +45,7 @@ from . import schedule as _sched
 from .algorithms import mpi as _mpi
 from .algorithms.common import block_bounds, counts_to_bounds
 from .arguments import check_flag, env_settings, knobs_of, reduction, requested, root_of, timeout_of
-from .buffers import may_share_memory as _share
+from .buffers import Copy, may_share_memory as _share
 from .commstate import check_intracomm, state, wait_until
 from .kept import (KeptAllgather, KeptAllgatherv, KeptAllreduce, KeptAlltoall, KeptAlltoallv, KeptBcast, KeptGather,
                    KeptReduce, KeptReduceScatter, KeptScatter, _kept_rooted)
@@ -276,15 +276,9 @@ def reduce_scatter(x, op="sum", *, comm=None, counts=None, out=None, algorithm="
                           dict(count=n, dtype=dt.name, op=red.op.name, counts=counts),
                           reduces_natively(dt, red.op), timeout)
 
-    def prologue():
-        if work is not srcflat:
-            work[...] = srcflat
+    prologue = Copy(work, srcflat) if work is not srcflat else None
 
-    def finish():
-        flat[...] = work[a:b]
-        red.finish(flat, p)
-        if unstage is not None:
-            unstage()
+    finish = _then(Copy(flat, work[a:b]), _then(_finish(st, red, flat), unstage))
 
     sched = None
     if p > 1:
@@ -333,10 +327,7 @@ def allgather_bytes(comm, flat, mine, rank, p, name, entry, knobs, check_on, tim
     st = state(comm, timeout, "allgather")
     name, entry, knobs = _decide(st, "allgather", name, entry, knobs, flat, check_on, sig, timeout=timeout)
 
-    def prologue():
-        if not in_place:
-            flat[a:b] = mine
-
+    prologue = None if in_place else Copy(flat[a:b], mine)
     sched = None
     if p > 1 and flat.size:
         s = entry.schedule
@@ -406,10 +397,7 @@ def reduce(x, op="sum", root=0, *, comm=None, out=None, algorithm="auto", dtype=
                           dict(count=arr.size, dtype=dt.name, op=red.op.name, root=root),
                           reduces_natively(dt, red.op), timeout)
 
-    def prologue():
-        if copy_in:
-            work[...] = src
-
+    prologue = Copy(work, src) if copy_in else None
     sched = None
     if p > 1:
         s = entry.schedule
@@ -532,8 +520,7 @@ def scatter(x, root=0, *, comm=None, out=None, counts=None, algorithm="auto", ch
     if is_root:
         full = buffers.as_bytes(arr)
         if not _placed(mine, full, a, "out"):
-            def copy():
-                mine[...] = full[a:b]
+            copy = Copy(mine, full[a:b])
         buf = full
     else:
         buf = mine
@@ -572,8 +559,7 @@ def gather(x, root=0, *, comm=None, out=None, counts=None, algorithm="auto", che
         result = buffers.output(out, shape, arr.dtype)
         buf = buffers.as_bytes(result)
         if not _placed(mine, buf, a, "x"):
-            def copy():
-                buf[a:b] = mine
+            copy = Copy(buf[a:b], mine)
     else:
         buf = mine
     sig = dict(count=cnts[0] if counts is None else -1, dtype=arr.dtype.str, root=root,
@@ -602,8 +588,7 @@ def allgatherv(x, counts, *, comm=None, out=None, algorithm="auto", check=None, 
     a, b = bounds[rank]
     copy = None
     if not _placed(mine, flat, a, "x"):
-        def copy():
-            flat[a:b] = mine
+        copy = Copy(flat[a:b], mine)
     st = state(comm, timeout, "allgatherv")
     plan = _staged(family_plan(st, "allgatherv", name, entry, knobs, flat.nbytes, result, (flat, bounds),
                                prologue=copy, timeout=timeout, check_on=check_on,

@@ -14,6 +14,7 @@ import time
 from . import engine
 from . import schedule as _sched
 
+
 def enter(st) -> None:
     """Take ``st.busy`` for one thread's blocking run or start of a collective.
 
@@ -170,15 +171,26 @@ class Plan:
         return engine.start(gen, self.result, finish, deadline, self.nbytes, self.st)
 
 
+class Then:
+    """Two steps run one after the other (see ``_then``); ``parts`` lets
+    the persistent front read the chain (persistent.steps)."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, first, second):
+        self.parts = (first, second)
+
+    def __call__(self) -> None:
+        first, second = self.parts
+        first()
+        second()
+
+
 def _then(first, second):
     """Two optional finishing steps as one (None when both are None)."""
     if first is None or second is None:
         return first or second
-
-    def both():
-        first()
-        second()
-    return both
+    return Then(first, second)
 
 
 def _finish(st, red, flat):

@@ -280,6 +280,125 @@ def test_every_door_of_the_library_algorithm_takes_the_native_requests(comm):
     assert (res == np.arange(p)[:, None]).all()
 
 
+def _persistent_cases(comm):
+    """(name, make the persistent request, fill its input for run i, the
+    expected result) for every ``*_init`` of the library's algorithm, the
+    input rewritten between runs (a copy prologue must copy every time)."""
+    p, r = comm.size, comm.rank
+    x, xs = np.zeros(3, np.float64), np.zeros((p, 2), np.int32)
+    rows, flat = np.zeros((p, 3), np.float32), np.zeros(3 * p, np.float64)
+    counts = [3] * p
+
+    def fill(i):
+        x[:] = np.arange(3) + r + 10 * i
+        xs[:] = np.arange(2 * p).reshape(p, 2) + r + i
+        rows[:] = np.arange(3 * p).reshape(p, 3) * (r + 1) + i
+        flat[:] = np.arange(3 * p) + r - i
+
+    def want(name):
+        if name == "allreduce":
+            return comm.allreduce(x)
+        if name == "reduce_scatter":
+            return comm.allreduce(flat)[3 * r:3 * r + 3]
+        if name == "reduce":
+            total = comm.allreduce(x)
+            return total if r == 0 else None
+        if name in ("allgather", "gather", "allgatherv"):
+            g = np.array(comm.allgather(x))
+            return g.reshape(-1) if name == "allgatherv" else g if name == "allgather" or r == 0 else None
+        if name == "bcast":
+            return comm.bcast(x.copy(), 0)
+        if name == "scatter":
+            return comm.bcast(rows, 0)[r]
+        if name == "alltoall":
+            return np.array([row[r] for row in comm.allgather(xs)])
+        return np.array(comm.allgather(flat))[:, 3 * r:3 * r + 3].reshape(-1)  # alltoallv
+
+    return fill, want, [
+        ("allreduce", lambda: mpicoll.allreduce_init(x, comm=comm, algorithm="mpi")),
+        ("reduce_scatter", lambda: mpicoll.reduce_scatter_init(flat, comm=comm, algorithm="mpi")),
+        ("allgather", lambda: mpicoll.allgather_init(x, comm=comm, algorithm="mpi")),
+        ("bcast", lambda: mpicoll.bcast_init(x, 0, comm=comm, algorithm="mpi")),
+        ("reduce", lambda: mpicoll.reduce_init(x, root=0, comm=comm, algorithm="mpi")),
+        ("scatter", lambda: mpicoll.scatter_init(rows if r == 0 else None, 0, out=np.zeros(3, np.float32),
+                                                 comm=comm, algorithm="mpi")),
+        ("gather", lambda: mpicoll.gather_init(x, 0, comm=comm, algorithm="mpi")),
+        ("allgatherv", lambda: mpicoll.allgatherv_init(x, counts, comm=comm, algorithm="mpi")),
+        ("alltoall", lambda: mpicoll.alltoall_init(xs, comm=comm, algorithm="mpi")),
+        ("alltoallv", lambda: mpicoll.alltoallv_init(flat, counts, counts, comm=comm, algorithm="mpi")),
+    ]
+
+
+def test_persistent_runs_of_the_library_start_and_wait_in_c(comm):
+    """Every persistent plan of the library's algorithm runs start/wait in C
+    (persistent.py's base, csrc/native.c PersistFront): no run reaches the
+    Python ``_start``/``_wait``, the input rewritten between runs is what
+    is sent (copy prologues included) and the result is mpi4py's; calling,
+    ``Start``/``Wait(status)`` and ``test()`` mix with it."""
+    if comm.size == 1 or MPI.Get_version() < (4, 0):
+        pytest.skip("no persistent request of the library here (one rank, or MPI < 4)")
+    fill, want, cases = _persistent_cases(comm)
+    for name, make in cases:
+        pq = make()
+        assert pq._fast is not None, name
+        slow = []
+        pq._start = lambda f=pq._start: slow.append("start") or f()
+        pq._wait = lambda f=pq._wait: slow.append("wait") or f()
+        for i in range(4):
+            fill(i)
+            if i % 3 == 0:
+                got = pq()
+            elif i % 3 == 1:
+                pq.Start()
+                assert pq.Wait(None) is True and pq.Wait(status=None) is True  # (inactive: at once)
+                got = pq.result
+            else:
+                pq.start()
+                got = pq.wait()
+            expect = want(name)
+            if expect is None:
+                assert got is None, name
+            else:
+                np.testing.assert_array_equal(got, expect, err_msg=f"{name} run {i}")
+        assert slow == [], (name, slow)
+        fill(9)
+        pq.start()
+        while not pq.test():  # test() hands the run to the engine (Python), and the C path goes on after
+            pass
+        assert pq() is pq.result and "wait" not in slow
+        with pytest.raises(TypeError):
+            pq(1)
+        pq.free()
+        assert pq._fast is None
+
+
+def test_persistent_c_path_leaves_the_unusual_to_python(comm):
+    """A timeout, another request in flight, a second start: the C front
+    calls the Python, which does what it always did."""
+    if comm.size == 1 or MPI.Get_version() < (4, 0):
+        pytest.skip("no persistent request of the library here (one rank, or MPI < 4)")
+    p = comm.size
+    x = np.ones(4)
+    pq = mpicoll.allreduce_init(x, comm=comm, algorithm="mpi", timeout=30)
+    assert pq._fast is None and (pq() == p).all()
+    pq.free()
+    pq = mpicoll.allreduce_init(x, comm=comm, algorithm="mpi")
+    slow = []
+    pq._wait = lambda f=pq._wait: slow.append("wait") or f()
+    other = comm.Dup()
+    try:
+        req = mpicoll.iallreduce(np.ones(100_000), comm=other, algorithm="ring")  # listed with the engine
+        pq.start()
+        with pytest.raises(RuntimeError, match="started again"):
+            pq.start()
+        assert (pq.wait() == p).all() and slow == ["wait"]
+        assert (req.wait() == p).all()
+        assert (pq() == p).all() and slow == ["wait"]
+    finally:
+        pq.free()
+        other.Free()
+
+
 def _fast_kept(comm, x, out):
     """The kept all-reduce of algorithm mpi for (x, out) on comm, its C path
     engaged (a call, a kept hit that gates it, then one through C)."""

@@ -35,6 +35,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import native as _native
+from ..buffers import Copy
 from ..registry import register
 from ..kernels import Reduction
 from ..mpitypes import reduces_natively
@@ -127,11 +128,8 @@ def reduce_scatter_call(comm, buf, red, bounds, pool=None) -> NativeCall:
     init = _persistent(_init(comm, "Reduce_scatter"), (sb, rb, counts, op), _native.REDUCE_SCATTER, comm, buf, out,
                        datatype=datatype, op=op, counts=counts)
 
-    def after():
-        buf[a:b] = out
-
     return NativeCall(lambda: comm.Reduce_scatter(sb, rb, counts, op), lambda: comm.Ireduce_scatter(sb, rb, counts, op),
-                      init, after)
+                      init, Copy(buf[a:b], out))
 
 
 def allgather_call(comm, buf, bounds) -> NativeCall:
