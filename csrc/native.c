@@ -1884,7 +1884,8 @@ enum door {
     D_ALLGATHER, D_IALLGATHER, D_REDUCE_SCATTER, D_IREDUCE_SCATTER, D_SCATTER, D_ISCATTER,
     /* mpicoll.Comm's methods (dropin.py), bound to the communicator (MethodDoor) */
     D_COMM_ALLREDUCE, D_COMM_IALLREDUCE, D_COMM_BCAST, D_COMM_IBCAST, D_COMM_REDUCE, D_COMM_IREDUCE, D_COMM_ALLGATHER,
-    D_COMM_IALLGATHER, D_COMM_ALLTOALL, D_COMM_IALLTOALL, D_COMM_GATHER, D_COMM_IGATHER, D_COUNT
+    D_COMM_IALLGATHER, D_COMM_ALLTOALL, D_COMM_IALLTOALL, D_COMM_GATHER, D_COMM_IGATHER, D_COMM_SCATTER,
+    D_COMM_ISCATTER, D_COMM_REDUCE_SCATTER_BLOCK, D_COMM_IREDUCE_SCATTER_BLOCK, D_COUNT
 };
 
 /* A door's references, in Door_new's argument order: the Python function,
@@ -2123,6 +2124,9 @@ static const struct {
     [D_COMM_ALLGATHER - D_COMM_ALLREDUCE] = {2, 0, 0, 0}, [D_COMM_IALLGATHER - D_COMM_ALLREDUCE] = {2, 0, 0, 1},
     [D_COMM_ALLTOALL - D_COMM_ALLREDUCE] = {2, 0, 0, 0},  [D_COMM_IALLTOALL - D_COMM_ALLREDUCE] = {2, 0, 0, 1},
     [D_COMM_GATHER - D_COMM_ALLREDUCE] = {2, 0, 3, 0},    [D_COMM_IGATHER - D_COMM_ALLREDUCE] = {2, 0, 3, 1},
+    [D_COMM_SCATTER - D_COMM_ALLREDUCE] = {2, 0, 3, 0},   [D_COMM_ISCATTER - D_COMM_ALLREDUCE] = {2, 0, 3, 1},
+    [D_COMM_REDUCE_SCATTER_BLOCK - D_COMM_ALLREDUCE] = {2, 3, 0, 0},
+    [D_COMM_IREDUCE_SCATTER_BLOCK - D_COMM_ALLREDUCE] = {2, 3, 0, 1},
 };
 
 /* The kernel op's name for (dtype, MPI.Op), as dropin._fast_op decided it
@@ -2184,6 +2188,7 @@ static PyObject *door_comm_run(Door *d, PyObject *const *args, PyObject *second,
                                PyObject *algorithm, PyObject *st) {
     int w = d->which, start = comm_params[w - D_COMM_ALLREDUCE].start;
     PyObject *name = d->refs[R_NAME], *x = NULL, *out = Py_None, *key = NULL, *shape = NULL, *res = NULL, *opn;
+    PyObject *oshape = NULL; /* Scatter's: the receive buffer's shape */
     PyObject *va = NULL, *vb = NULL; /* reshaped views */
     PyObject *v = PyObject_GetAttr(st, s_size), *rv = PyObject_GetAttr(st, s_rank);
     long p = v == NULL ? -1 : PyLong_AsLong(v), rank = rv == NULL ? -1 : PyLong_AsLong(rv);
@@ -2242,6 +2247,62 @@ static PyObject *door_comm_run(Door *d, PyObject *const *args, PyObject *second,
         x = (PyObject *)a;
         key = PyTuple_Pack(7, name, shape, (PyObject *)PyArray_DESCR(a), Py_None, root, algorithm,
                            out == Py_None ? Py_False : Py_True);
+    } else if (w == D_COMM_SCATTER || w == D_COMM_ISCATTER) {
+        /* specs.plain_rooted, the receive side: the receive buffer
+         * everywhere, writable; at root the send buffer, apart from it,
+         * shaped (p,) + its shape; elsewhere x is None (mpi4py ignores
+         * sendbuf there). The key is api.scatter's (x's shape or None,
+         * the dtype, out's shape, no counts: None). */
+        if (!PyArray_CheckExact(args[2]) || rt < 0 || rt >= p || plain_kind(d, (PyArrayObject *)args[2]) <= 0)
+            goto done;
+        PyArrayObject *b = (PyArrayObject *)args[2];
+        int nd = PyArray_NDIM(b);
+        if (!PyArray_IS_C_CONTIGUOUS(b) || !PyArray_ISWRITEABLE(b))
+            goto done;
+        if (rt == rank) {
+            if (!PyArray_CheckExact(args[1]) || nd + 1 > NPY_MAXDIMS)
+                goto done;
+            PyArrayObject *a = (PyArrayObject *)args[1];
+            if (!PyArray_IS_C_CONTIGUOUS(a) || PyArray_SIZE(a) != p * PyArray_SIZE(b) || overlaps(a, b)
+                || !PyArray_EquivTypes(PyArray_DESCR(a), PyArray_DESCR(b)))
+                goto done;
+            npy_intp dims[NPY_MAXDIMS];
+            dims[0] = p;
+            for (int i = 0; i < nd; i++)
+                dims[i + 1] = PyArray_DIMS(b)[i];
+            if ((va = as_shape(a, nd + 1, dims)) == NULL || (shape = shape_of((PyArrayObject *)va)) == NULL)
+                goto done;
+            x = va;
+        } else {
+            Py_INCREF(Py_None);
+            shape = Py_None;
+            x = Py_None;
+        }
+        if ((oshape = shape_of(b)) == NULL)
+            goto done;
+        out = (PyObject *)b;
+        key = PyTuple_Pack(7, name, shape, (PyObject *)PyArray_DESCR(x == Py_None ? b : (PyArrayObject *)x), oshape,
+                           Py_None, root, algorithm);
+    } else if (w == D_COMM_REDUCE_SCATTER_BLOCK || w == D_COMM_IREDUCE_SCATTER_BLOCK) {
+        /* dropin's plain Reduce_scatter_block: two C-contiguous arrays of one
+         * dtype, the receive buffer writable, p of its blocks in the send
+         * buffer, apart; then api.reduce_scatter on both flattened (its key:
+         * no dtype name, no counts: None, None; out given: mode 2) */
+        if (!PyArray_CheckExact(args[1]) || !PyArray_CheckExact(args[2]))
+            goto done;
+        PyArrayObject *a = (PyArrayObject *)args[1], *b = (PyArrayObject *)args[2];
+        if (!PyArray_IS_C_CONTIGUOUS(a) || !PyArray_IS_C_CONTIGUOUS(b) || !PyArray_ISWRITEABLE(b)
+            || !PyArray_EquivTypes(PyArray_DESCR(a), PyArray_DESCR(b)) || PyArray_SIZE(a) != p * PyArray_SIZE(b)
+            || overlaps(a, b) || (opn = op_name(d, b, second)) == NULL)
+            goto done;
+        npy_intp na = PyArray_SIZE(a), nb = PyArray_SIZE(b);
+        if ((va = as_shape(a, 1, &na)) == NULL || (vb = as_shape(b, 1, &nb)) == NULL
+            || (shape = shape_of((PyArrayObject *)va)) == NULL)
+            goto done;
+        x = va;
+        out = vb;
+        key = PyTuple_Pack(8, name, shape, (PyObject *)PyArray_DESCR(a), opn, Py_None, Py_None, algorithm,
+                           mode_ints[2]);
     } else if (w == D_COMM_BCAST || w == D_COMM_IBCAST) {
         if (!PyArray_CheckExact(args[1]) || plain_kind(d, (PyArrayObject *)args[1]) <= 0
             || (shape = shape_of((PyArrayObject *)args[1])) == NULL)
@@ -2288,6 +2349,7 @@ static PyObject *door_comm_run(Door *d, PyObject *const *args, PyObject *second,
 done:
     Py_XDECREF(key);
     Py_XDECREF(shape);
+    Py_XDECREF(oshape);
     Py_XDECREF(va);
     Py_XDECREF(vb);
     if (res == NULL && !PyErr_Occurred()) {
@@ -2550,7 +2612,10 @@ static PyObject *init(const char *name) {
         {"D_COMM_IALLREDUCE", D_COMM_IALLREDUCE}, {"D_COMM_BCAST", D_COMM_BCAST}, {"D_COMM_IBCAST", D_COMM_IBCAST},
         {"D_COMM_REDUCE", D_COMM_REDUCE}, {"D_COMM_IREDUCE", D_COMM_IREDUCE}, {"D_COMM_ALLGATHER", D_COMM_ALLGATHER},
         {"D_COMM_IALLGATHER", D_COMM_IALLGATHER}, {"D_COMM_ALLTOALL", D_COMM_ALLTOALL},
-        {"D_COMM_IALLTOALL", D_COMM_IALLTOALL}, {"D_COMM_GATHER", D_COMM_GATHER}, {"D_COMM_IGATHER", D_COMM_IGATHER}};
+        {"D_COMM_IALLTOALL", D_COMM_IALLTOALL}, {"D_COMM_GATHER", D_COMM_GATHER}, {"D_COMM_IGATHER", D_COMM_IGATHER},
+        {"D_COMM_SCATTER", D_COMM_SCATTER}, {"D_COMM_ISCATTER", D_COMM_ISCATTER},
+        {"D_COMM_REDUCE_SCATTER_BLOCK", D_COMM_REDUCE_SCATTER_BLOCK},
+        {"D_COMM_IREDUCE_SCATTER_BLOCK", D_COMM_IREDUCE_SCATTER_BLOCK}};
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
         if (PyModule_AddIntConstant(m, kinds[i].name, kinds[i].v) < 0) {
             Py_DECREF(m);

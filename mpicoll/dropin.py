@@ -826,11 +826,11 @@ class Comm(MPI.Intracomm):
 _METHODS = (
     ("Allreduce", "sendbuf, recvbuf, op=MPI.SUM", "_allreduce", "", "ALLREDUCE"),
     ("Reduce", "sendbuf, recvbuf, op=MPI.SUM, root=0", "_reduce", "", "REDUCE"),
-    ("Reduce_scatter_block", "sendbuf, recvbuf, op=MPI.SUM", "_reduce_scatter_block", "", None),
+    ("Reduce_scatter_block", "sendbuf, recvbuf, op=MPI.SUM", "_reduce_scatter_block", "", "REDUCE_SCATTER_BLOCK"),
     ("Reduce_scatter", "sendbuf, recvbuf, recvcounts=None, op=MPI.SUM", "_reduce_scatter", "", None),
     ("Bcast", "buf, root=0", "_bcast", "", "BCAST"),
     ("Allgather", "sendbuf, recvbuf", "_allgather", "", "ALLGATHER"),
-    ("Scatter", "sendbuf, recvbuf, root=0", "_scatter", "'Scatter', ", None),
+    ("Scatter", "sendbuf, recvbuf, root=0", "_scatter", "'Scatter', ", "SCATTER"),
     ("Scatterv", "sendbuf, recvbuf, root=0", "_scatter", "'Scatterv', ", None),
     ("Gather", "sendbuf, recvbuf, root=0", "_gather", "'Gather', ", "GATHER"),
     ("Gatherv", "sendbuf, recvbuf, root=0", "_gather", "'Gatherv', ", None),
@@ -850,6 +850,9 @@ _DOCS = {
 }
 
 
+_DOOR_KEYS = {"REDUCE_SCATTER_BLOCK": "reduce_scatter"}
+
+
 def _define_methods(cls) -> None:
     mod = _native.module()
     for base, params, impl, lead, door in _METHODS:
@@ -866,7 +869,8 @@ def _define_methods(cls) -> None:
             fn.__doc__ = _DOCS[mode].format(name=name)
             if door is not None and mode != "init" and mod is not None:
                 which = getattr(mod, "D_COMM_" + ("" if mode == "run" else "I") + door)
-                key = ("i" if mode == "start" and door == "ALLREDUCE" else "") + door.lower()
+                # (the kept signature's name: api's function the method calls)
+                key = ("i" if mode == "start" and door == "ALLREDUCE" else "") + _DOOR_KEYS.get(door, door.lower())
                 fn = functools.update_wrapper(mod.MethodDoor(
                     which, fn, _by_handle, 0, MPI.Comm, key, _api.started_long, _MISS,
                     (globals(), MPI.SUM, MPI.IN_PLACE, MPI.Op, PLAIN_KINDS)), fn)

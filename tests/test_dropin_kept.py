@@ -258,8 +258,8 @@ def test_dropin_fast_and_general_paths_agree_across_ranks(comm, size):
 
 @pytest.mark.parametrize("algorithm", ["auto", "mpi", "recursive_doubling"])
 def test_dropin_short_paths_serve_every_allreduce_and_bcast_form(comm, algorithm, monkeypatch):
-    """Allreduce, Bcast, Reduce, Allgather, Alltoall, Gather and their
-    I-forms on plain arrays are served,
+    """Allreduce, Bcast, Reduce, Allgather, Alltoall, Gather, Scatter,
+    Reduce_scatter_block and their I-forms on plain arrays are served,
     once their signature is kept (and gated), by the kept entry's C call
     straight from the method (native.MethodDoor, where built), in every
     buffer form: a separate send buffer (the most usual, and the one
@@ -321,6 +321,14 @@ def test_dropin_short_paths_serve_every_allreduce_and_bcast_form(comm, algorithm
             h = np.full((p, 4) if r == root else 1, -1, np.int64)  # (ignored off root, as by mpi4py)
             wait(getattr(c, "Igather" if start else "Gather")(x, h, root))
             got.append(h if r == root else None)
+            rows = np.arange(3 * p, dtype=np.float64).reshape(p, 3) * (r + 1) + i
+            s = np.full(3, -1.0)
+            wait(getattr(c, "Iscatter" if start else "Scatter")(rows if r == root else None, s, root))
+            got.append(s)
+            rs = np.full(2, -1, np.int64)
+            wait(getattr(c, "Ireduce_scatter_block" if start else "Reduce_scatter_block")(
+                np.arange(2 * p, dtype=np.int64) * (r + 1) - i, rs, MPI.MAX))
+            got.append(rs)
         return got
 
     for i in range(6):
