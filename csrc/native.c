@@ -83,8 +83,11 @@ typedef struct {
      * the communicator's state and the facts kept.py checks on every call. */
     PyObject *st, *busy, *numbers, *env_data, *env_keys, *env_vals, *engine, *miss;
     int mode; /* kept.py's: 0 no out, 1 out is x, 2 another out */
-    int gnd; /* K_GATHERV, K_SCATTERV: the result's shape (kept.KeptGather/KeptScatter.shape), read by gate() */
+    int gnd; /* K_GATHERV, K_SCATTERV, K_ALLTOALLV, allgatherv's: the result's shape (the kept call's .shape) */
     npy_intp gdims[NPY_MAXDIMS];
+    /* K_ALLGATHERV of kept.KeptAllgatherv (vform): x's block of the result, in its elements (.own) */
+    int vform;
+    npy_intp vlo, vhi;
     /* K_PROGRAM (program()): one executor.Executable's program and the kit
      * of its blocking runs - what Executable.run passes to mpicoll_x_run -
      * and the two objects that own what the pointers point into. */
@@ -820,16 +823,30 @@ static PyObject *Call_gate(Call *self, PyObject *const *args, Py_ssize_t nargs) 
         PyErr_SetString(PyExc_TypeError, "mpicoll native: gate(st, kept, env_data, engine, miss)");
         return NULL;
     }
-    if (self->kind == K_ALLTOALLV || (self->kind == K_PROGRAM && self->xrun == NULL)) {
-        PyErr_SetString(PyExc_ValueError,
-                        "mpicoll native: only an all-reduce's, a bcast's, a reduce's, a reduce-scatter's, an "
-                        "allgather's, an alltoall's, a scatter's, a gather's or a program's Call (program() first) "
-                        "takes a gate");
+    if (self->kind == K_PROGRAM && self->xrun == NULL) {
+        PyErr_SetString(PyExc_ValueError, "mpicoll native: a program's Call takes a gate after program()");
         return NULL;
     }
     PyObject *st = args[0], *kept = args[1];
-    if (self->kind == K_GATHERV || self->kind == K_SCATTERV) {
-        /* the result's shape (gather's at root, scatter's block), for a new out */
+    /* allgatherv's kept call (kept.KeptAllgatherv: its own block, .own) or allgather's */
+    PyObject *own = self->kind == K_ALLGATHERV ? PyObject_GetAttrString(kept, "own") : NULL;
+    if (own == NULL)
+        PyErr_Clear();
+    self->vform = own != NULL;
+    if (own != NULL) {
+        int ok = PyTuple_Check(own) && PyTuple_GET_SIZE(own) == 2;
+        self->vlo = ok ? PyLong_AsSsize_t(PyTuple_GET_ITEM(own, 0)) : -1;
+        self->vhi = ok ? PyLong_AsSsize_t(PyTuple_GET_ITEM(own, 1)) : -1;
+        Py_DECREF(own);
+        if (!ok || self->vlo < 0 || self->vhi < self->vlo) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_TypeError, "mpicoll native: gate() got an allgatherv whose block it cannot read");
+            return NULL;
+        }
+    }
+    if (self->kind == K_GATHERV || self->kind == K_SCATTERV || self->kind == K_ALLTOALLV || self->vform) {
+        /* the result's shape (gather's at root, scatter's block, the
+         * v-forms' 1-D total), for a new out */
         PyObject *shape = PyObject_GetAttrString(kept, "shape");
         if (shape == NULL)
             return NULL;
@@ -1321,6 +1338,40 @@ static PyObject *kept_run(Call *self, PyObject *xo, PyObject *oo, int form) {
         /* kept.KeptReduce: no result off root (root: allreduce's modes, below) */
         out = (PyArrayObject *)Py_None;
         Py_INCREF(Py_None);
+    } else if (self->kind == K_ALLGATHERV && self->vform) {
+        /* kept.KeptAllgatherv: a new 1-D out of the total, or a given one
+         * that takes it; x placed at its block (nothing to copy when x is
+         * that block of out: in place); x overlapping out any other way, or
+         * not of its block's size, misses (the Python path decides) */
+        if (self->mode == 0) {
+            if ((out = new_like(x, self->gnd, self->gdims)) == NULL)
+                return NULL;
+        } else {
+            if (!takes(oo, x, self->gnd, self->gdims))
+                goto miss;
+            out = (PyArrayObject *)oo;
+            Py_INCREF(out);
+        }
+        Py_ssize_t isz = PyArray_ITEMSIZE(out), at = self->vlo * isz, nb = (self->vhi - self->vlo) * isz;
+        if (PyArray_NBYTES(x) != nb || (overlaps(x, out) && PyArray_BYTES(x) != PyArray_BYTES(out) + at)) {
+            Py_DECREF(out);
+            goto miss;
+        }
+        if (nb > 0 && PyArray_BYTES(x) != PyArray_BYTES(out) + at)
+            memcpy(PyArray_BYTES(out) + at, PyArray_DATA(x), (size_t)nb);
+    } else if (self->kind == K_ALLTOALLV) {
+        /* kept.KeptAlltoallv: a new 1-D out of the received total, or a
+         * given one that takes it apart from x (in place, the Python path
+         * sends from a copy of x) */
+        if (self->mode == 0) {
+            if ((out = new_like(x, self->gnd, self->gdims)) == NULL)
+                return NULL;
+        } else {
+            if (!takes(oo, x, self->gnd, self->gdims) || overlaps(x, (PyArrayObject *)oo))
+                goto miss;
+            out = (PyArrayObject *)oo;
+            Py_INCREF(out);
+        }
     } else if (self->kind == K_ALLGATHERV) {
         /* kept.KeptAllgather: a new out of shape (p,) + x.shape, or a given
          * one that takes it apart from x; x copied into row ``rank``, then
@@ -1881,7 +1932,8 @@ static PyTypeObject PersistType = {
  * cost ~0.8 us of a 3 us all-reduce (p = 2, 8 B) and ~1.2 us of an I-call. */
 enum door {
     D_ALLREDUCE, D_IALLREDUCE, D_BCAST, D_IBCAST, D_ALLTOALL, D_IALLTOALL, D_GATHER, D_IGATHER, D_REDUCE, D_IREDUCE,
-    D_ALLGATHER, D_IALLGATHER, D_REDUCE_SCATTER, D_IREDUCE_SCATTER, D_SCATTER, D_ISCATTER,
+    D_ALLGATHER, D_IALLGATHER, D_REDUCE_SCATTER, D_IREDUCE_SCATTER, D_SCATTER, D_ISCATTER, D_ALLGATHERV,
+    D_IALLGATHERV, D_ALLTOALLV, D_IALLTOALLV,
     /* mpicoll.Comm's methods (dropin.py), bound to the communicator (MethodDoor) */
     D_COMM_ALLREDUCE, D_COMM_IALLREDUCE, D_COMM_BCAST, D_COMM_IBCAST, D_COMM_REDUCE, D_COMM_IREDUCE, D_COMM_ALLGATHER,
     D_COMM_IALLGATHER, D_COMM_ALLTOALL, D_COMM_IALLTOALL, D_COMM_GATHER, D_COMM_IGATHER, D_COMM_SCATTER,
@@ -2020,20 +2072,40 @@ static PyObject *door_run(Door *d, PyObject *st, PyObject *key, PyObject *x, PyO
 static const struct {
     int op, root; /* the position of op and root after x (0: none) */
     int out, start;
+    int counts; /* count vectors after x (the v-forms: counts; sendcounts, recvcounts) */
 } door_params[] = {
     [D_ALLREDUCE] = {1, 0, 1, 0}, [D_IALLREDUCE] = {1, 0, 1, 1}, [D_BCAST] = {0, 1, 0, 0},
     [D_IBCAST] = {0, 1, 0, 1},    [D_ALLTOALL] = {0, 0, 1, 0},   [D_IALLTOALL] = {0, 0, 1, 1},
     [D_GATHER] = {0, 1, 1, 0},    [D_IGATHER] = {0, 1, 1, 1},    [D_REDUCE] = {1, 2, 1, 0},
     [D_IREDUCE] = {1, 2, 1, 1},   [D_ALLGATHER] = {0, 0, 1, 0},  [D_IALLGATHER] = {0, 0, 1, 1},
     [D_REDUCE_SCATTER] = {1, 0, 1, 0}, [D_IREDUCE_SCATTER] = {1, 0, 1, 1}, [D_SCATTER] = {0, 1, 1, 0},
-    [D_ISCATTER] = {0, 1, 1, 1},
+    [D_ISCATTER] = {0, 1, 1, 1},  [D_ALLGATHERV] = {0, 0, 1, 0, 1}, [D_IALLGATHERV] = {0, 0, 1, 1, 1},
+    [D_ALLTOALLV] = {0, 0, 1, 0, 2}, [D_IALLTOALLV] = {0, 0, 1, 1, 2},
 };
+
+/* A count vector as api.py's key has it (plancache.counts_key): a list or
+ * tuple of ints as a tuple (new reference); NULL, no error set, for
+ * anything else - an array, another number type, an empty vector - which
+ * the function decides. */
+static PyObject *counts_of(PyObject *c) {
+    if (PyTuple_CheckExact(c) || PyList_CheckExact(c)) {
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(c);
+        PyObject **items = PySequence_Fast_ITEMS(c);
+        if (n == 0)
+            return NULL;
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (!PyLong_CheckExact(items[i]))
+                return NULL;
+        return PyTuple_CheckExact(c) ? Py_NewRef(c) : PyList_AsTuple(c);
+    }
+    return NULL;
+}
 
 static PyObject *door_api(Door *d, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    int w = d->which, opi = door_params[w].op, rooti = door_params[w].root;
-    int npos = 1 + (opi > 0) + (rooti > 0);
-    if (nargs < 1 || nargs > npos)
+    int w = d->which, opi = door_params[w].op, rooti = door_params[w].root, nc = door_params[w].counts;
+    int npos = 1 + (opi > 0) + (rooti > 0) + nc;
+    if (nargs < 1 + nc || nargs > npos) /* (the v-forms' counts: positional only, here) */
         return door_fallback(d, args, nargsf, kwnames);
     PyObject *x = args[0], *op = opi ? (nargs > opi ? args[opi] : s_sum) : NULL;
     PyObject *root = rooti ? (nargs > rooti ? args[rooti] : zero) : NULL;
@@ -2089,6 +2161,20 @@ static PyObject *door_api(Door *d, PyObject *const *args, size_t nargsf, PyObjec
                     Py_XDECREF(oshape);
             }
             break;
+        case D_ALLGATHERV:
+        case D_IALLGATHERV:
+        case D_ALLTOALLV:
+        case D_IALLTOALLV: { /* (the count vectors as tuples; mode 0 or 2) */
+            PyObject *c1 = counts_of(args[1]), *c2 = nc == 2 ? counts_of(args[2]) : NULL;
+            PyObject *m2 = mode_ints[out == Py_None ? 0 : 2];
+            if (c1 != NULL && nc == 1)
+                key = PyTuple_Pack(6, name, shape, descr, c1, algorithm, m2);
+            else if (c1 != NULL && c2 != NULL)
+                key = PyTuple_Pack(7, name, shape, descr, c1, c2, algorithm, m2);
+            Py_XDECREF(c1);
+            Py_XDECREF(c2);
+            break;
+        }
         case D_REDUCE_SCATTER:
         case D_IREDUCE_SCATTER: /* (no dtype name, no counts: None, None; mode 0 or 2) */
             key = PyTuple_Pack(8, name, shape, descr, op, Py_None, Py_None, algorithm,
@@ -2608,6 +2694,8 @@ static PyObject *init(const char *name) {
         {"D_IALLTOALL", D_IALLTOALL}, {"D_IGATHER", D_IGATHER}, {"D_IREDUCE", D_IREDUCE},
         {"D_IALLGATHER", D_IALLGATHER}, {"D_REDUCE_SCATTER", D_REDUCE_SCATTER},
         {"D_IREDUCE_SCATTER", D_IREDUCE_SCATTER}, {"D_SCATTER", D_SCATTER}, {"D_ISCATTER", D_ISCATTER},
+        {"D_ALLGATHERV", D_ALLGATHERV}, {"D_IALLGATHERV", D_IALLGATHERV}, {"D_ALLTOALLV", D_ALLTOALLV},
+        {"D_IALLTOALLV", D_IALLTOALLV},
         {"D_COMM_ALLREDUCE", D_COMM_ALLREDUCE},
         {"D_COMM_IALLREDUCE", D_COMM_IALLREDUCE}, {"D_COMM_BCAST", D_COMM_BCAST}, {"D_COMM_IBCAST", D_COMM_IBCAST},
         {"D_COMM_REDUCE", D_COMM_REDUCE}, {"D_COMM_IREDUCE", D_COMM_IREDUCE}, {"D_COMM_ALLGATHER", D_COMM_ALLGATHER},

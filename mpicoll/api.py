@@ -667,7 +667,8 @@ def _c_doors() -> None:
         return
     g = globals()
     for name in ("allreduce", "iallreduce", "bcast", "ibcast", "alltoall", "ialltoall", "gather", "igather", "reduce",
-                 "ireduce", "allgather", "iallgather", "reduce_scatter", "ireduce_scatter", "scatter", "iscatter"):
+                 "ireduce", "allgather", "iallgather", "reduce_scatter", "ireduce_scatter", "scatter", "iscatter",
+                 "allgatherv", "iallgatherv", "alltoallv", "ialltoallv"):
         fn = g[name]
         # (the kept signature's name: an I-form shares its blocking form's, but for iallreduce)
         key = name if name == "iallreduce" or not name.startswith("i") else name[1:]

@@ -111,8 +111,9 @@ class _KeptCall(_Kept):
 
     # Whether nat, once a call ran through it, is gated to run the whole
     # call in C (csrc/native.c: bcast's, reduce's, reduce_scatter's,
-    # allgather's, alltoall's, scatter's and gather's, whose checks it
-    # knows); the front door then calls ``fast`` first (api._door).
+    # allgather's, allgatherv's, alltoall's, alltoallv's, scatter's and
+    # gather's, whose checks it knows); the front door then calls ``fast``
+    # first (api._door).
     GATED = False
 
     def __init__(self, st, call):
@@ -760,7 +761,10 @@ class KeptAllgatherv(_KeptCall):
     """allgatherv: x placed at its block of the result (nothing to place
     when x already is that block: in place), then the MPI library's in-place
     MPI_Allgatherv over the blocks in bytes, as the full path calls it.
-    ``mode``: 0 no out, else out given."""
+    ``mode``: 0 no out, else out given. Gated (csrc/native.c does the
+    same, x's block included)."""
+
+    GATED = True
 
     __slots__ = ("spec", "shape", "own")
 
@@ -794,7 +798,9 @@ class KeptAlltoallv(_KeptCall):
     """alltoallv: MPI_Alltoallv of the byte blocks between the call's arrays
     (the full path's call). In place (out is x's memory) sends from a copy
     of x, as the full path does; one rank copies. ``mode``: 0 no out, else
-    out given."""
+    out given. Gated (csrc/native.c: but for in place, which stays here)."""
+
+    GATED = True
 
     __slots__ = ("sspec", "rspec", "shape")
 

@@ -642,6 +642,67 @@ def test_kept_gather_runs_whole_in_c(comm):
     same(mpicoll.gather(x, root, comm=comm, out=np.zeros((p, 3), np.int32) if r == root else None), w)
 
 
+def test_kept_v_forms_run_whole_in_c(comm, monkeypatch):
+    """allgatherv's and alltoallv's kept calls, blocking and started, whole
+    in C once gated (no call reaches the kept call's Python from the fourth
+    round on), with uneven counts (an empty block among them): a new out, a
+    given out, allgatherv's x as its own block of out (in place) give
+    mpi4py's result; alltoallv in place and an x inside out elsewhere go
+    back to the Python path, which serves or refuses them as before."""
+    from mpicoll import kept
+
+    if comm.size == 1:
+        pytest.skip("one rank: nothing is exchanged")
+    p, r = comm.size, comm.rank
+    counts = [j % 3 for j in range(p)]  # (rank 0 sends nothing)
+    sc = [(r + j) % 3 for j in range(p)]
+    rc = [(j + r) % 3 for j in range(p)]
+    a = sum(counts[:r])
+    slow = []
+    for cls in (kept.KeptAllgatherv, kept.KeptAlltoallv):
+        real = cls._bufs
+        monkeypatch.setattr(cls, "_bufs", lambda self, x, out, real=real: slow.append(type(self)) or real(self, x, out))
+    for i in range(5):
+        if i == 3:
+            slow.clear()
+        x = np.arange(counts[r], dtype=np.float64) * (r + 1) + i
+        want = np.empty(sum(counts))
+        comm.Allgatherv(x, [want, counts])
+        np.testing.assert_array_equal(mpicoll.allgatherv(x, counts, comm=comm), want)
+        out = np.full(sum(counts), -1.0)
+        assert mpicoll.allgatherv(x, counts, comm=comm, out=out) is out
+        np.testing.assert_array_equal(out, want)
+        out = np.full(sum(counts), -1.0)
+        out[a:a + counts[r]] = x
+        np.testing.assert_array_equal(mpicoll.iallgatherv(out[a:a + counts[r]], counts, comm=comm, out=out).wait(),
+                                      want)
+        y = np.arange(sum(sc), dtype=np.int32) + 100 * r + i
+        wv = np.empty(sum(rc), np.int32)
+        comm.Alltoallv([y, sc], [wv, rc])
+        np.testing.assert_array_equal(mpicoll.alltoallv(y, sc, rc, comm=comm), wv)
+        out = np.full(sum(rc), -1, np.int32)
+        np.testing.assert_array_equal(mpicoll.ialltoallv(y, sc, rc, comm=comm, out=out).wait(), wv)
+    assert slow == [], slow
+    fast = [k.fast for key, k in state(comm).plans._d.items() if key[0] in ("allgatherv", "alltoallv")]
+    assert len(fast) >= 4 and all(f is not None for f in fast), fast
+    # in place (equal totals): alltoallv sends from a copy, in Python
+    sym = [1] * p
+    z = np.arange(p, dtype=np.int32) + 10 * r
+    wz = np.empty(p, np.int32)
+    comm.Alltoall(z, wz)
+    for _ in range(3):
+        zz = z.copy()
+        np.testing.assert_array_equal(mpicoll.alltoallv(zz, sym, sym, comm=comm, out=zz), wz)
+    # an x inside out but not at its own block: refused before any message
+    # (where this rank's block leaves room for that; the others make no call)
+    start = 0 if a else a + 1
+    if counts[r] and start + counts[r] <= sum(counts):
+        out = np.zeros(sum(counts))
+        with pytest.raises(ValueError, match="overlap"):
+            mpicoll.allgatherv(out[start:start + counts[r]], counts, comm=comm, out=out)
+    comm.Barrier()
+
+
 def test_rooted_calls_copy_roots_block_through_the_library(comm):
     """gatherv/scatterv at the root: a block array apart from the whole
     buffer is sent or received by the library itself; one inside it (or
@@ -786,7 +847,8 @@ def test_a_failed_program_run_in_c_raises_on_every_rank_and_the_next_works(comm)
 
 
 def test_gated_doors_in_c_serve_the_usual_calls_and_hand_on_the_rest(comm, monkeypatch):
-    """mpicoll.allreduce, bcast, alltoall, scatter, gather, reduce, reduce_scatter, allgather and their I-forms are
+    """mpicoll.allreduce, bcast, alltoall, scatter, gather, reduce, reduce_scatter, allgather, allgatherv,
+    alltoallv and their I-forms are
     native.Door objects (csrc/native.c) over their Python functions. A repeated call with
     the usual arguments - positional or keyword op/root, comm, out (none,
     in place, another array), algorithm - builds the key the function builds
@@ -796,7 +858,8 @@ def test_gated_doors_in_c_serve_the_usual_calls_and_hand_on_the_rest(comm, monke
     which serves or refuses it as before."""
     doors = [mpicoll.allreduce, mpicoll.iallreduce, mpicoll.bcast, mpicoll.ibcast, mpicoll.alltoall, mpicoll.gather,
              mpicoll.reduce, mpicoll.allgather, mpicoll.ialltoall, mpicoll.igather, mpicoll.ireduce, mpicoll.iallgather,
-             mpicoll.reduce_scatter, mpicoll.ireduce_scatter, mpicoll.scatter, mpicoll.iscatter]
+             mpicoll.reduce_scatter, mpicoll.ireduce_scatter, mpicoll.scatter, mpicoll.iscatter, mpicoll.allgatherv,
+             mpicoll.iallgatherv, mpicoll.alltoallv, mpicoll.ialltoallv]
     if native.module() is None:
         pytest.skip("native calls not built or turned off at import")
     assert all(type(d) is native.module().Door for d in doors)
@@ -863,6 +926,18 @@ def test_gated_doors_in_c_serve_the_usual_calls_and_hand_on_the_rest(comm, monke
         def given(res, out):  # a call given ``out`` returns it (None fails the comparison)
             return res if res is out else None
 
+        vc = [j % 3 + 1 for j in range(p)]  # (uneven blocks)
+        vx = np.arange(vc[r], dtype=np.float32) + 10 * r + i
+        vall = np.empty(sum(vc), np.float32)
+        comm.Allgatherv(vx, [vall, vc])
+        vo = np.empty(sum(vc), np.float32)
+        sc = tuple((r + j) % 2 + 1 for j in range(p))
+        rc = [(j + r) % 2 + 1 for j in range(p)]
+        tv = np.arange(sum(sc), dtype=np.int64) * (r + 1) - i
+        tw = np.empty(sum(rc), np.int64)
+        comm.Alltoallv([tv, list(sc)], [tw, rc])
+        to = np.empty(sum(rc), np.int64)
+
         return [
             (lambda: mpicoll.allreduce(x, comm=comm), reduced(x)),
             (lambda: given(mpicoll.allreduce(x, "max", comm=comm, out=o), o), reduced(x, MPI.MAX)),
@@ -897,6 +972,10 @@ def test_gated_doors_in_c_serve_the_usual_calls_and_hand_on_the_rest(comm, monke
             (lambda: mpicoll.scatter(xs, root, comm=comm, out=xs[root] if r == root else row2), rows(xs)),
             # x only on root (None elsewhere: not read)
             (lambda: given(mpicoll.scatter(xs if r == root else None, root, comm=comm, out=row3), row3), rows(xs)),
+            (lambda: mpicoll.allgatherv(vx, vc, comm=comm), vall),
+            (lambda: given(mpicoll.iallgatherv(vx, vc, comm=comm, out=vo).wait(), vo), vall),
+            (lambda: mpicoll.alltoallv(tv, sc, rc, comm=comm), tw),  # (a tuple and a list of counts)
+            (lambda: given(mpicoll.ialltoallv(tv, sc, rc, comm=comm, out=to).wait(), to), tw),
         ]
 
     for i in range(6):
