@@ -1937,7 +1937,8 @@ enum door {
     /* mpicoll.Comm's methods (dropin.py), bound to the communicator (MethodDoor) */
     D_COMM_ALLREDUCE, D_COMM_IALLREDUCE, D_COMM_BCAST, D_COMM_IBCAST, D_COMM_REDUCE, D_COMM_IREDUCE, D_COMM_ALLGATHER,
     D_COMM_IALLGATHER, D_COMM_ALLTOALL, D_COMM_IALLTOALL, D_COMM_GATHER, D_COMM_IGATHER, D_COMM_SCATTER,
-    D_COMM_ISCATTER, D_COMM_REDUCE_SCATTER_BLOCK, D_COMM_IREDUCE_SCATTER_BLOCK, D_COUNT
+    D_COMM_ISCATTER, D_COMM_REDUCE_SCATTER_BLOCK, D_COMM_IREDUCE_SCATTER_BLOCK, D_COMM_ALLGATHERV,
+    D_COMM_IALLGATHERV, D_COMM_ALLTOALLV, D_COMM_IALLTOALLV, D_COUNT
 };
 
 /* A door's references, in Door_new's argument order: the Python function,
@@ -2213,6 +2214,8 @@ static const struct {
     [D_COMM_SCATTER - D_COMM_ALLREDUCE] = {2, 0, 3, 0},   [D_COMM_ISCATTER - D_COMM_ALLREDUCE] = {2, 0, 3, 1},
     [D_COMM_REDUCE_SCATTER_BLOCK - D_COMM_ALLREDUCE] = {2, 3, 0, 0},
     [D_COMM_IREDUCE_SCATTER_BLOCK - D_COMM_ALLREDUCE] = {2, 3, 0, 1},
+    [D_COMM_ALLGATHERV - D_COMM_ALLREDUCE] = {2, 0, 0, 0}, [D_COMM_IALLGATHERV - D_COMM_ALLREDUCE] = {2, 0, 0, 1},
+    [D_COMM_ALLTOALLV - D_COMM_ALLREDUCE] = {2, 0, 0, 0},  [D_COMM_IALLTOALLV - D_COMM_ALLREDUCE] = {2, 0, 0, 1},
 };
 
 /* The kernel op's name for (dtype, MPI.Op), as dropin._fast_op decided it
@@ -2270,11 +2273,50 @@ static int reduce_mode(Door *d, PyObject *sendbuf, PyArrayObject *recvbuf, PyObj
  * the generated method reaches through its _<collective> method, _door and
  * the api function), with the arrays the method would pass it. Returns
  * what the method returns (None; the request), or miss. */
+/* specs.plain_v: the array of a v-form spec ``[array, counts]`` (borrowed)
+ * over a C-contiguous array of a plain kind (writable if asked; of
+ * ``like``'s dtype when given) whose p counts - a list or tuple of
+ * non-negative ints, in elements - tile it exactly; *counts gets them as a
+ * tuple (new reference). NULL, no error set, for anything else. */
+static PyArrayObject *plain_v(Door *d, PyObject *spec, long p, int writable, PyArrayObject *like, PyObject **counts) {
+    if ((!PyList_CheckExact(spec) && !PyTuple_CheckExact(spec)) || PySequence_Fast_GET_SIZE(spec) != 2)
+        return NULL;
+    PyObject *ao = PySequence_Fast_ITEMS(spec)[0];
+    if (!PyArray_CheckExact(ao))
+        return NULL;
+    PyArrayObject *a = (PyArrayObject *)ao;
+    if (!PyArray_IS_C_CONTIGUOUS(a) || (writable && !PyArray_ISWRITEABLE(a)) || plain_kind(d, a) <= 0
+        || (like != NULL && !PyArray_EquivTypes(PyArray_DESCR(a), PyArray_DESCR(like))))
+        return NULL;
+    PyObject *c = counts_of(PySequence_Fast_ITEMS(spec)[1]);
+    if (c == NULL || PyTuple_GET_SIZE(c) != p) {
+        Py_XDECREF(c);
+        return NULL;
+    }
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; i < p; i++) {
+        Py_ssize_t v = PyLong_AsSsize_t(PyTuple_GET_ITEM(c, i));
+        if (v < 0) {
+            PyErr_Clear();
+            Py_DECREF(c);
+            return NULL;
+        }
+        total += v;
+    }
+    if (total != PyArray_SIZE(a)) {
+        Py_DECREF(c);
+        return NULL;
+    }
+    *counts = c;
+    return a;
+}
+
 static PyObject *door_comm_run(Door *d, PyObject *const *args, PyObject *second, PyObject *root,
                                PyObject *algorithm, PyObject *st) {
     int w = d->which, start = comm_params[w - D_COMM_ALLREDUCE].start;
     PyObject *name = d->refs[R_NAME], *x = NULL, *out = Py_None, *key = NULL, *shape = NULL, *res = NULL, *opn;
     PyObject *oshape = NULL; /* Scatter's: the receive buffer's shape */
+    PyObject *c1 = NULL, *c2 = NULL; /* the v-forms' count vectors */
     PyObject *va = NULL, *vb = NULL; /* reshaped views */
     PyObject *v = PyObject_GetAttr(st, s_size), *rv = PyObject_GetAttr(st, s_rank);
     long p = v == NULL ? -1 : PyLong_AsLong(v), rank = rv == NULL ? -1 : PyLong_AsLong(rv);
@@ -2389,6 +2431,38 @@ static PyObject *door_comm_run(Door *d, PyObject *const *args, PyObject *second,
         out = vb;
         key = PyTuple_Pack(8, name, shape, (PyObject *)PyArray_DESCR(a), opn, Py_None, Py_None, algorithm,
                            mode_ints[2]);
+    } else if (w == D_COMM_ALLGATHERV || w == D_COMM_IALLGATHERV) {
+        /* dropin's plain Allgatherv: a plain send buffer, a receive spec
+         * [array, counts] over a plain writable array of its dtype that the
+         * counts tile (specs.plain_v), this rank's count its size, apart;
+         * then api.allgatherv on both flattened (out given: mode 2) */
+        PyArrayObject *a = (PyArrayObject *)args[1], *b;
+        if (!PyArray_CheckExact(args[1]) || !PyArray_IS_C_CONTIGUOUS(a) || plain_kind(d, a) <= 0
+            || (b = plain_v(d, args[2], p, 1, a, &c1)) == NULL
+            || PyLong_AsSsize_t(PyTuple_GET_ITEM(c1, rank)) != PyArray_SIZE(a) || overlaps(a, b))
+            goto done;
+        npy_intp na = PyArray_SIZE(a), nb = PyArray_SIZE(b);
+        if ((va = as_shape(a, 1, &na)) == NULL || (vb = as_shape(b, 1, &nb)) == NULL
+            || (shape = shape_of((PyArrayObject *)va)) == NULL)
+            goto done;
+        x = va;
+        out = vb;
+        key = PyTuple_Pack(6, name, shape, (PyObject *)PyArray_DESCR(a), c1, algorithm, mode_ints[2]);
+    } else if (w == D_COMM_ALLTOALLV || w == D_COMM_IALLTOALLV) {
+        /* dropin's plain Alltoallv: both specs [array, counts] over plain
+         * arrays of one dtype (the receive one writable), apart; then
+         * api.alltoallv on both flattened (out given: mode 2) */
+        PyArrayObject *a, *b;
+        if ((a = plain_v(d, args[1], p, 0, NULL, &c1)) == NULL || (b = plain_v(d, args[2], p, 1, a, &c2)) == NULL
+            || overlaps(a, b))
+            goto done;
+        npy_intp na = PyArray_SIZE(a), nb = PyArray_SIZE(b);
+        if ((va = as_shape(a, 1, &na)) == NULL || (vb = as_shape(b, 1, &nb)) == NULL
+            || (shape = shape_of((PyArrayObject *)va)) == NULL)
+            goto done;
+        x = va;
+        out = vb;
+        key = PyTuple_Pack(7, name, shape, (PyObject *)PyArray_DESCR(a), c1, c2, algorithm, mode_ints[2]);
     } else if (w == D_COMM_BCAST || w == D_COMM_IBCAST) {
         if (!PyArray_CheckExact(args[1]) || plain_kind(d, (PyArrayObject *)args[1]) <= 0
             || (shape = shape_of((PyArrayObject *)args[1])) == NULL)
@@ -2436,6 +2510,8 @@ done:
     Py_XDECREF(key);
     Py_XDECREF(shape);
     Py_XDECREF(oshape);
+    Py_XDECREF(c1);
+    Py_XDECREF(c2);
     Py_XDECREF(va);
     Py_XDECREF(vb);
     if (res == NULL && !PyErr_Occurred()) {
@@ -2703,7 +2779,9 @@ static PyObject *init(const char *name) {
         {"D_COMM_IALLTOALL", D_COMM_IALLTOALL}, {"D_COMM_GATHER", D_COMM_GATHER}, {"D_COMM_IGATHER", D_COMM_IGATHER},
         {"D_COMM_SCATTER", D_COMM_SCATTER}, {"D_COMM_ISCATTER", D_COMM_ISCATTER},
         {"D_COMM_REDUCE_SCATTER_BLOCK", D_COMM_REDUCE_SCATTER_BLOCK},
-        {"D_COMM_IREDUCE_SCATTER_BLOCK", D_COMM_IREDUCE_SCATTER_BLOCK}};
+        {"D_COMM_IREDUCE_SCATTER_BLOCK", D_COMM_IREDUCE_SCATTER_BLOCK}, {"D_COMM_ALLGATHERV", D_COMM_ALLGATHERV},
+        {"D_COMM_IALLGATHERV", D_COMM_IALLGATHERV}, {"D_COMM_ALLTOALLV", D_COMM_ALLTOALLV},
+        {"D_COMM_IALLTOALLV", D_COMM_IALLTOALLV}};
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
         if (PyModule_AddIntConstant(m, kinds[i].name, kinds[i].v) < 0) {
             Py_DECREF(m);

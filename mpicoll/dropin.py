@@ -834,9 +834,9 @@ _METHODS = (
     ("Scatterv", "sendbuf, recvbuf, root=0", "_scatter", "'Scatterv', ", None),
     ("Gather", "sendbuf, recvbuf, root=0", "_gather", "'Gather', ", "GATHER"),
     ("Gatherv", "sendbuf, recvbuf, root=0", "_gather", "'Gatherv', ", None),
-    ("Allgatherv", "sendbuf, recvbuf", "_allgatherv", "", None),
+    ("Allgatherv", "sendbuf, recvbuf", "_allgatherv", "", "ALLGATHERV"),
     ("Alltoall", "sendbuf, recvbuf", "_alltoall", "'Alltoall', ", "ALLTOALL"),
-    ("Alltoallv", "sendbuf, recvbuf", "_alltoall", "'Alltoallv', ", None),
+    ("Alltoallv", "sendbuf, recvbuf", "_alltoall", "'Alltoallv', ", "ALLTOALLV"),
 )
 
 _DOCS = {
