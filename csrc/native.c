@@ -1938,7 +1938,8 @@ enum door {
     D_COMM_ALLREDUCE, D_COMM_IALLREDUCE, D_COMM_BCAST, D_COMM_IBCAST, D_COMM_REDUCE, D_COMM_IREDUCE, D_COMM_ALLGATHER,
     D_COMM_IALLGATHER, D_COMM_ALLTOALL, D_COMM_IALLTOALL, D_COMM_GATHER, D_COMM_IGATHER, D_COMM_SCATTER,
     D_COMM_ISCATTER, D_COMM_REDUCE_SCATTER_BLOCK, D_COMM_IREDUCE_SCATTER_BLOCK, D_COMM_ALLGATHERV,
-    D_COMM_IALLGATHERV, D_COMM_ALLTOALLV, D_COMM_IALLTOALLV, D_COUNT
+    D_COMM_IALLGATHERV, D_COMM_ALLTOALLV, D_COMM_IALLTOALLV, D_COMM_SCATTERV, D_COMM_ISCATTERV, D_COMM_GATHERV,
+    D_COMM_IGATHERV, D_COUNT
 };
 
 /* A door's references, in Door_new's argument order: the Python function,
@@ -1958,7 +1959,7 @@ typedef struct {
 } Door;
 
 static PyObject *s_comm, *s_out, *s_algorithm, *s_op, *s_root, *s_handle, *s_plans, *s_d_, *s_fast, *s_move_to_end,
-    *s_sum, *s_auto, *s_calls_, *s_fast_ops_, *s_size, *s_rank, *mode_ints[3], *zero;
+    *s_sum, *s_auto, *s_calls_, *s_fast_ops_, *s_size, *s_rank, *s_mpi, *mode_ints[3], *zero;
 
 static PyObject *door_fallback(Door *d, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     d->fallbacks++;
@@ -2216,6 +2217,8 @@ static const struct {
     [D_COMM_IREDUCE_SCATTER_BLOCK - D_COMM_ALLREDUCE] = {2, 3, 0, 1},
     [D_COMM_ALLGATHERV - D_COMM_ALLREDUCE] = {2, 0, 0, 0}, [D_COMM_IALLGATHERV - D_COMM_ALLREDUCE] = {2, 0, 0, 1},
     [D_COMM_ALLTOALLV - D_COMM_ALLREDUCE] = {2, 0, 0, 0},  [D_COMM_IALLTOALLV - D_COMM_ALLREDUCE] = {2, 0, 0, 1},
+    [D_COMM_SCATTERV - D_COMM_ALLREDUCE] = {2, 0, 3, 0},   [D_COMM_ISCATTERV - D_COMM_ALLREDUCE] = {2, 0, 3, 1},
+    [D_COMM_GATHERV - D_COMM_ALLREDUCE] = {2, 0, 3, 0},    [D_COMM_IGATHERV - D_COMM_ALLREDUCE] = {2, 0, 3, 1},
 };
 
 /* The kernel op's name for (dtype, MPI.Op), as dropin._fast_op decided it
@@ -2273,10 +2276,27 @@ static int reduce_mode(Door *d, PyObject *sendbuf, PyArrayObject *recvbuf, PyObj
  * the generated method reaches through its _<collective> method, _door and
  * the api function), with the arrays the method would pass it. Returns
  * what the method returns (None; the request), or miss. */
+/* Whether MPICOLL_ALGORITHM is unset in the environment, as
+ * dropin._family_name reads it (the module _env of the door's globals:
+ * os.environ's own dict); 0 also where it cannot be read (the Python path
+ * reads it). */
+static PyObject *s_env_mod, *s_data_, *b_env_algorithm;
+static int env_unset(Door *d) {
+    PyObject *mod = PyDict_GetItemWithError(d->refs[R_GLOBALS], s_env_mod), *data;
+    if (mod == NULL || (data = PyObject_GetAttr(mod, s_data_)) == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    int unset = PyDict_Check(data) && PyDict_GetItemWithError(data, b_env_algorithm) == NULL && !PyErr_Occurred();
+    PyErr_Clear();
+    Py_DECREF(data);
+    return unset;
+}
+
 /* specs.plain_v: the array of a v-form spec ``[array, counts]`` (borrowed)
  * over a C-contiguous array of a plain kind (writable if asked; of
- * ``like``'s dtype when given) whose p counts - a list or tuple of
- * non-negative ints, in elements - tile it exactly; *counts gets them as a
+ * ``like``'s dtype when given) whose p counts - a list of non-negative
+ * ints, in elements - tile it exactly; *counts gets them as a
  * tuple (new reference). NULL, no error set, for anything else. */
 static PyArrayObject *plain_v(Door *d, PyObject *spec, long p, int writable, PyArrayObject *like, PyObject **counts) {
     if ((!PyList_CheckExact(spec) && !PyTuple_CheckExact(spec)) || PySequence_Fast_GET_SIZE(spec) != 2)
@@ -2288,7 +2308,8 @@ static PyArrayObject *plain_v(Door *d, PyObject *spec, long p, int writable, PyA
     if (!PyArray_IS_C_CONTIGUOUS(a) || (writable && !PyArray_ISWRITEABLE(a)) || plain_kind(d, a) <= 0
         || (like != NULL && !PyArray_EquivTypes(PyArray_DESCR(a), PyArray_DESCR(like))))
         return NULL;
-    PyObject *c = counts_of(PySequence_Fast_ITEMS(spec)[1]);
+    /* (a list: mpi4py reads a tuple here as (counts, displs), parse_v's case) */
+    PyObject *c = PyList_CheckExact(PySequence_Fast_ITEMS(spec)[1]) ? counts_of(PySequence_Fast_ITEMS(spec)[1]) : NULL;
     if (c == NULL || PyTuple_GET_SIZE(c) != p) {
         Py_XDECREF(c);
         return NULL;
@@ -2463,6 +2484,57 @@ static PyObject *door_comm_run(Door *d, PyObject *const *args, PyObject *second,
         x = va;
         out = vb;
         key = PyTuple_Pack(7, name, shape, (PyObject *)PyArray_DESCR(a), c1, c2, algorithm, mode_ints[2]);
+    } else if (w >= D_COMM_SCATTERV && w <= D_COMM_IGATHERV) {
+        /* dropin's _fast_rooted_v: this rank's block (Scatterv's receive
+         * buffer, writable; Gatherv's send buffer) a plain array; at root
+         * the other spec [array, counts] over a plain array of its dtype
+         * (writable for Gatherv) whose count at root is the block's size,
+         * apart; elsewhere counts [0, .., block size, .., 0]. Then
+         * api.scatter/gather with those counts (keys as api.py builds
+         * them) under the algorithm "mpi", which "auto" means here when
+         * MPICOLL_ALGORITHM is not set (the Python path decides otherwise). */
+        int scatter = w == D_COMM_SCATTERV || w == D_COMM_ISCATTERV;
+        PyObject *blk = args[scatter ? 2 : 1], *full = args[scatter ? 1 : 2];
+        if (!PyArray_CheckExact(blk) || rt < 0 || rt >= p || !kw_is(algorithm, s_auto) || !env_unset(d))
+            goto done;
+        PyArrayObject *b = (PyArrayObject *)blk, *a = NULL;
+        if (!PyArray_IS_C_CONTIGUOUS(b) || (scatter && !PyArray_ISWRITEABLE(b)) || plain_kind(d, b) <= 0)
+            goto done;
+        if (rt == rank) {
+            if ((a = plain_v(d, full, p, !scatter, b, &c1)) == NULL
+                || PyLong_AsSsize_t(PyTuple_GET_ITEM(c1, rank)) != PyArray_SIZE(b) || overlaps(a, b))
+                goto done;
+        } else {
+            if ((c1 = PyTuple_New(p)) == NULL)
+                goto done;
+            for (long i = 0; i < p; i++) {
+                PyObject *v = i == rank ? PyLong_FromSsize_t(PyArray_SIZE(b)) : Py_NewRef(zero);
+                if (v == NULL)
+                    goto done;
+                PyTuple_SET_ITEM(c1, i, v);
+            }
+        }
+        npy_intp nb = PyArray_SIZE(b), na = a == NULL ? 0 : PyArray_SIZE(a);
+        if ((vb = as_shape(b, 1, &nb)) == NULL || (a != NULL && (va = as_shape(a, 1, &na)) == NULL))
+            goto done;
+        PyObject *mpi = s_mpi;
+        if (scatter) {
+            x = va == NULL ? Py_None : va;
+            out = vb;
+            if (va != NULL && (shape = shape_of((PyArrayObject *)va)) == NULL)
+                goto done;
+            if ((oshape = shape_of((PyArrayObject *)vb)) == NULL)
+                goto done;
+            key = PyTuple_Pack(7, name, shape == NULL ? Py_None : shape, (PyObject *)PyArray_DESCR(b), oshape, c1,
+                               root, mpi);
+        } else {
+            x = vb;
+            out = va == NULL ? Py_None : va;
+            if ((shape = shape_of((PyArrayObject *)vb)) == NULL)
+                goto done;
+            key = PyTuple_Pack(7, name, shape, (PyObject *)PyArray_DESCR(b), c1, root, mpi,
+                               va == NULL ? Py_False : Py_True);
+        }
     } else if (w == D_COMM_BCAST || w == D_COMM_IBCAST) {
         if (!PyArray_CheckExact(args[1]) || plain_kind(d, (PyArrayObject *)args[1]) <= 0
             || (shape = shape_of((PyArrayObject *)args[1])) == NULL)
@@ -2721,7 +2793,7 @@ static PyObject *init(const char *name) {
         {&s_op, "op"}, {&s_root, "root"}, {&s_handle, "handle"}, {&s_plans, "plans"}, {&s_d_, "_d"},
         {&s_fast, "fast"}, {&s_move_to_end, "move_to_end"}, {&s_sum, "sum"}, {&s_auto, "auto"},
         {&s_calls_, "_calls"}, {&s_fast_ops_, "_FAST_OPS"}, {&s_size, "size"}, {&s_rank, "rank"}, {&s__start, "_start"},
-        {&s__wait, "_wait"}};
+        {&s__wait, "_wait"}, {&s_mpi, "mpi"}, {&s_env_mod, "_env"}, {&s_data_, "_DATA"}};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (*names[i].s == NULL && (*names[i].s = PyUnicode_InternFromString(names[i].text)) == NULL)
             return NULL;
@@ -2733,6 +2805,8 @@ static PyObject *init(const char *name) {
         if (mode_ints[i] == NULL && (mode_ints[i] = PyLong_FromLong(i)) == NULL)
             return NULL;
     if (zero == NULL && (zero = PyLong_FromLong(0)) == NULL)
+        return NULL;
+    if (b_env_algorithm == NULL && (b_env_algorithm = PyBytes_FromString("MPICOLL_ALGORITHM")) == NULL)
         return NULL;
     if (MPIException == NULL) {
         PyObject *mpi = PyImport_ImportModule("mpi4py.MPI");
@@ -2781,7 +2855,9 @@ static PyObject *init(const char *name) {
         {"D_COMM_REDUCE_SCATTER_BLOCK", D_COMM_REDUCE_SCATTER_BLOCK},
         {"D_COMM_IREDUCE_SCATTER_BLOCK", D_COMM_IREDUCE_SCATTER_BLOCK}, {"D_COMM_ALLGATHERV", D_COMM_ALLGATHERV},
         {"D_COMM_IALLGATHERV", D_COMM_IALLGATHERV}, {"D_COMM_ALLTOALLV", D_COMM_ALLTOALLV},
-        {"D_COMM_IALLTOALLV", D_COMM_IALLTOALLV}};
+        {"D_COMM_IALLTOALLV", D_COMM_IALLTOALLV}, {"D_COMM_SCATTERV", D_COMM_SCATTERV},
+        {"D_COMM_ISCATTERV", D_COMM_ISCATTERV}, {"D_COMM_GATHERV", D_COMM_GATHERV},
+        {"D_COMM_IGATHERV", D_COMM_IGATHERV}};
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
         if (PyModule_AddIntConstant(m, kinds[i].name, kinds[i].v) < 0) {
             Py_DECREF(m);

@@ -831,9 +831,9 @@ _METHODS = (
     ("Bcast", "buf, root=0", "_bcast", "", "BCAST"),
     ("Allgather", "sendbuf, recvbuf", "_allgather", "", "ALLGATHER"),
     ("Scatter", "sendbuf, recvbuf, root=0", "_scatter", "'Scatter', ", "SCATTER"),
-    ("Scatterv", "sendbuf, recvbuf, root=0", "_scatter", "'Scatterv', ", None),
+    ("Scatterv", "sendbuf, recvbuf, root=0", "_scatter", "'Scatterv', ", "SCATTERV"),
     ("Gather", "sendbuf, recvbuf, root=0", "_gather", "'Gather', ", "GATHER"),
-    ("Gatherv", "sendbuf, recvbuf, root=0", "_gather", "'Gatherv', ", None),
+    ("Gatherv", "sendbuf, recvbuf, root=0", "_gather", "'Gatherv', ", "GATHERV"),
     ("Allgatherv", "sendbuf, recvbuf", "_allgatherv", "", "ALLGATHERV"),
     ("Alltoall", "sendbuf, recvbuf", "_alltoall", "'Alltoall', ", "ALLTOALL"),
     ("Alltoallv", "sendbuf, recvbuf", "_alltoall", "'Alltoallv', ", "ALLTOALLV"),
@@ -850,7 +850,7 @@ _DOCS = {
 }
 
 
-_DOOR_KEYS = {"REDUCE_SCATTER_BLOCK": "reduce_scatter"}
+_DOOR_KEYS = {"REDUCE_SCATTER_BLOCK": "reduce_scatter", "SCATTERV": "scatter", "GATHERV": "gather"}
 
 
 def _define_methods(cls) -> None:

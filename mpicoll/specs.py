@@ -626,10 +626,13 @@ def plain_v(spec, p: int, writable: bool, like=None):
     """(flat array, counts) of a v-form spec ``[array, counts]`` over a plain
     array (of ``like``'s dtype when given) whose ``p`` counts (list or tuple
     of non-negative ints, in elements) tile it exactly from the start, as
-    mpi4py lays them out; None sends the call down the general path."""
+    mpi4py lays them out; None sends the call down the general path (also
+    for a tuple there, which mpi4py reads as ``(counts, displs)``)."""
     if type(spec) is not list and type(spec) is not tuple or len(spec) != 2:
         return None
     a, counts = spec
+    if type(counts) is tuple:  # mpi4py reads a tuple here as (counts, displs): parse_v's
+        return None
     if not plain(a, writable) or like is not None and a.dtype != like.dtype:
         return None
     c = counts_key(counts)

@@ -259,8 +259,8 @@ def test_dropin_fast_and_general_paths_agree_across_ranks(comm, size):
 @pytest.mark.parametrize("algorithm", ["auto", "mpi", "recursive_doubling"])
 def test_dropin_short_paths_serve_every_allreduce_and_bcast_form(comm, algorithm, monkeypatch):
     """Allreduce, Bcast, Reduce, Allgather, Alltoall, Gather, Scatter,
-    Reduce_scatter_block, Allgatherv, Alltoallv and their I-forms on plain
-    arrays are served,
+    Reduce_scatter_block, Allgatherv, Alltoallv, Scatterv, Gatherv and
+    their I-forms on plain arrays are served,
     once their signature is kept (and gated), by the kept entry's C call
     straight from the method (native.MethodDoor, where built), in every
     buffer form: a separate send buffer (the most usual, and the one
@@ -340,6 +340,14 @@ def test_dropin_short_paths_serve_every_allreduce_and_bcast_form(comm, algorithm
             wait(getattr(c, "Ialltoallv" if start else "Alltoallv")(
                 [np.arange(sum(sc), dtype=np.int32) + 7 * r + i, sc], [tv, rc]))
             got.append(tv)
+            whole = np.arange(sum(vc), dtype=np.float64) * (i + 1)
+            part = np.full(vc[r], -1.0)
+            wait(getattr(c, "Iscatterv" if start else "Scatterv")([whole, vc] if r == root else None, part, root))
+            got.append(part)
+            into = np.full(sum(vc), -1.0)
+            wait(getattr(c, "Igatherv" if start else "Gatherv")(np.full(vc[r], r - 0.25 * i),
+                                                              [into, vc] if r == root else None, root))
+            got.append(into if r == root else None)
         return got
 
     for i in range(6):
