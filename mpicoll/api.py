@@ -653,7 +653,8 @@ def _alltoallv(x, sendcounts, recvcounts, comm, out, algorithm, check, timeout, 
 # ---- the gated doors' short path in C -------------------------------------------------
 # Where csrc/native.c is built (and MPICOLL_NATIVE is not 0), the doors whose
 # kept calls are gated in C (allreduce, bcast, reduce, reduce_scatter,
-# allgather, alltoall, scatter, gather, and their I-forms) are native.Door
+# allgather, allgatherv, alltoall, alltoallv, scatter, gather, and their
+# I-forms) are native.Door
 # objects over the functions above: a repeated call with the usual
 # arguments (a numpy array, a string op, comm, out, algorithm, root) builds
 # the same key those functions build, finds the kept entry and runs its
