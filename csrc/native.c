@@ -1939,7 +1939,7 @@ enum door {
     D_COMM_IALLGATHER, D_COMM_ALLTOALL, D_COMM_IALLTOALL, D_COMM_GATHER, D_COMM_IGATHER, D_COMM_SCATTER,
     D_COMM_ISCATTER, D_COMM_REDUCE_SCATTER_BLOCK, D_COMM_IREDUCE_SCATTER_BLOCK, D_COMM_ALLGATHERV,
     D_COMM_IALLGATHERV, D_COMM_ALLTOALLV, D_COMM_IALLTOALLV, D_COMM_SCATTERV, D_COMM_ISCATTERV, D_COMM_GATHERV,
-    D_COMM_IGATHERV, D_COUNT
+    D_COMM_IGATHERV, D_COMM_REDUCE_SCATTER, D_COMM_IREDUCE_SCATTER, D_COUNT
 };
 
 /* A door's references, in Door_new's argument order: the Python function,
@@ -2219,6 +2219,9 @@ static const struct {
     [D_COMM_ALLTOALLV - D_COMM_ALLREDUCE] = {2, 0, 0, 0},  [D_COMM_IALLTOALLV - D_COMM_ALLREDUCE] = {2, 0, 0, 1},
     [D_COMM_SCATTERV - D_COMM_ALLREDUCE] = {2, 0, 3, 0},   [D_COMM_ISCATTERV - D_COMM_ALLREDUCE] = {2, 0, 3, 1},
     [D_COMM_GATHERV - D_COMM_ALLREDUCE] = {2, 0, 3, 0},    [D_COMM_IGATHERV - D_COMM_ALLREDUCE] = {2, 0, 3, 1},
+    /* (Reduce_scatter's recvcounts: a third positional argument, taken as a buffer's place) */
+    [D_COMM_REDUCE_SCATTER - D_COMM_ALLREDUCE] = {3, 4, 0, 0},
+    [D_COMM_IREDUCE_SCATTER - D_COMM_ALLREDUCE] = {3, 4, 0, 1},
 };
 
 /* The kernel op's name for (dtype, MPI.Op), as dropin._fast_op decided it
@@ -2432,6 +2435,38 @@ static PyObject *door_comm_run(Door *d, PyObject *const *args, PyObject *second,
         out = (PyObject *)b;
         key = PyTuple_Pack(7, name, shape, (PyObject *)PyArray_DESCR(x == Py_None ? b : (PyArrayObject *)x), oshape,
                            Py_None, root, algorithm);
+    } else if (w == D_COMM_REDUCE_SCATTER || w == D_COMM_IREDUCE_SCATTER) {
+        /* dropin's plain Reduce_scatter: two C-contiguous arrays of one
+         * dtype, the receive buffer writable, p non-negative counts (a list
+         * or tuple of ints) that the send buffer's size adds up to and this
+         * rank's the receive buffer's, apart; then api.reduce_scatter on
+         * both flattened with those counts (out given: mode 2) */
+        if (!PyArray_CheckExact(args[1]) || !PyArray_CheckExact(args[2]) || (c1 = counts_of(args[3])) == NULL
+            || PyTuple_GET_SIZE(c1) != p)
+            goto done;
+        PyArrayObject *a = (PyArrayObject *)args[1], *b = (PyArrayObject *)args[2];
+        Py_ssize_t total = 0, mine = 0;
+        for (long i = 0; i < p; i++) {
+            Py_ssize_t v = PyLong_AsSsize_t(PyTuple_GET_ITEM(c1, i));
+            if (v < 0) {
+                PyErr_Clear();
+                goto done;
+            }
+            total += v;
+            if (i == rank)
+                mine = v;
+        }
+        if (!PyArray_IS_C_CONTIGUOUS(a) || !PyArray_IS_C_CONTIGUOUS(b) || !PyArray_ISWRITEABLE(b)
+            || !PyArray_EquivTypes(PyArray_DESCR(a), PyArray_DESCR(b)) || PyArray_SIZE(a) != total
+            || PyArray_SIZE(b) != mine || overlaps(a, b) || (opn = op_name(d, b, second)) == NULL)
+            goto done;
+        npy_intp na = PyArray_SIZE(a), nb = PyArray_SIZE(b);
+        if ((va = as_shape(a, 1, &na)) == NULL || (vb = as_shape(b, 1, &nb)) == NULL
+            || (shape = shape_of((PyArrayObject *)va)) == NULL)
+            goto done;
+        x = va;
+        out = vb;
+        key = PyTuple_Pack(8, name, shape, (PyObject *)PyArray_DESCR(a), opn, Py_None, c1, algorithm, mode_ints[2]);
     } else if (w == D_COMM_REDUCE_SCATTER_BLOCK || w == D_COMM_IREDUCE_SCATTER_BLOCK) {
         /* dropin's plain Reduce_scatter_block: two C-contiguous arrays of one
          * dtype, the receive buffer writable, p of its blocks in the send
@@ -2857,7 +2892,8 @@ static PyObject *init(const char *name) {
         {"D_COMM_IALLGATHERV", D_COMM_IALLGATHERV}, {"D_COMM_ALLTOALLV", D_COMM_ALLTOALLV},
         {"D_COMM_IALLTOALLV", D_COMM_IALLTOALLV}, {"D_COMM_SCATTERV", D_COMM_SCATTERV},
         {"D_COMM_ISCATTERV", D_COMM_ISCATTERV}, {"D_COMM_GATHERV", D_COMM_GATHERV},
-        {"D_COMM_IGATHERV", D_COMM_IGATHERV}};
+        {"D_COMM_IGATHERV", D_COMM_IGATHERV}, {"D_COMM_REDUCE_SCATTER", D_COMM_REDUCE_SCATTER},
+        {"D_COMM_IREDUCE_SCATTER", D_COMM_IREDUCE_SCATTER}};
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
         if (PyModule_AddIntConstant(m, kinds[i].name, kinds[i].v) < 0) {
             Py_DECREF(m);

@@ -827,7 +827,7 @@ _METHODS = (
     ("Allreduce", "sendbuf, recvbuf, op=MPI.SUM", "_allreduce", "", "ALLREDUCE"),
     ("Reduce", "sendbuf, recvbuf, op=MPI.SUM, root=0", "_reduce", "", "REDUCE"),
     ("Reduce_scatter_block", "sendbuf, recvbuf, op=MPI.SUM", "_reduce_scatter_block", "", "REDUCE_SCATTER_BLOCK"),
-    ("Reduce_scatter", "sendbuf, recvbuf, recvcounts=None, op=MPI.SUM", "_reduce_scatter", "", None),
+    ("Reduce_scatter", "sendbuf, recvbuf, recvcounts=None, op=MPI.SUM", "_reduce_scatter", "", "REDUCE_SCATTER"),
     ("Bcast", "buf, root=0", "_bcast", "", "BCAST"),
     ("Allgather", "sendbuf, recvbuf", "_allgather", "", "ALLGATHER"),
     ("Scatter", "sendbuf, recvbuf, root=0", "_scatter", "'Scatter', ", "SCATTER"),

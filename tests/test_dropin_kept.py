@@ -259,8 +259,8 @@ def test_dropin_fast_and_general_paths_agree_across_ranks(comm, size):
 @pytest.mark.parametrize("algorithm", ["auto", "mpi", "recursive_doubling"])
 def test_dropin_short_paths_serve_every_allreduce_and_bcast_form(comm, algorithm, monkeypatch):
     """Allreduce, Bcast, Reduce, Allgather, Alltoall, Gather, Scatter,
-    Reduce_scatter_block, Allgatherv, Alltoallv, Scatterv, Gatherv and
-    their I-forms on plain arrays are served,
+    Reduce_scatter_block, Reduce_scatter, Allgatherv, Alltoallv, Scatterv,
+    Gatherv and their I-forms on plain arrays are served,
     once their signature is kept (and gated), by the kept entry's C call
     straight from the method (native.MethodDoor, where built), in every
     buffer form: a separate send buffer (the most usual, and the one
@@ -331,6 +331,10 @@ def test_dropin_short_paths_serve_every_allreduce_and_bcast_form(comm, algorithm
                 np.arange(2 * p, dtype=np.int64) * (r + 1) - i, rs, MPI.MAX))
             got.append(rs)
             vc = [j % 2 + 1 for j in range(p)]
+            rv = np.full(vc[r], -1, np.int64)
+            wait(getattr(c, "Ireduce_scatter" if start else "Reduce_scatter")(
+                np.arange(sum(vc), dtype=np.int64) * (r + 1) + i, rv, vc if start else tuple(vc), MPI.SUM))
+            got.append(rv)
             vg = np.full(sum(vc), -1.0)
             wait(getattr(c, "Iallgatherv" if start else "Allgatherv")(np.full(vc[r], r + 0.5 * i), [vg, vc]))
             got.append(vg)
