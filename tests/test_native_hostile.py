@@ -150,17 +150,28 @@ def test_v_forms_scatter_and_persistent_requests_off_the_main_road():
     psum = mpicoll.allreduce_init(sv, comm=comm)
     for i in range(4):
         x = np.arange(counts[r], dtype=np.float64) + 10 * r + i
-        for spec in (lambda g: [g, counts], lambda g: (g, tuple(counts)), lambda g: [g, (counts, displs)],
-                     lambda g: [g, np.array(counts)], lambda g: [g, counts, MPI.DOUBLE]):
-            got, want = np.full(n + 2, -1.0), np.full(n + 2, -1.0)
+        for spec in (lambda g: [g, counts], lambda g: (g, counts), lambda g: [g, (counts, displs)],
+                     lambda g: (g, (tuple(counts), tuple(displs))), lambda g: [g, np.array(counts)],
+                     lambda g: [g, counts, MPI.DOUBLE]):
+            got, want = np.full(n, -1.0), np.full(n, -1.0)
+            mc.Allgatherv(x, spec(got))
+            comm.Allgatherv(x, spec(want))
+            assert np.array_equal(got, want), (got, want)
+        # a tuple second item is mpi4py's (counts, displs), ints meaning every
+        # block alike: one element each, block i at 2 * i; and p ones as a
+        # tuple, which mpi4py refuses unless p = 2 (the drop-in's fast path
+        # once took them as counts, where mpi4py raises)
+        one = np.full(1, r + 0.5 * i)
+        for spec, size in (((1, 2), 2 * p), ((1,) * p, p)):
+            got, want = np.full(size, -1.0), np.full(size, -1.0)
             outcome = []
-            for c, o in ((mc, got), (comm, want)):  # (a tuple of counts: mpi4py's (counts, displs), or its error)
+            for c, o in ((mc, got), (comm, want)):
                 try:
-                    c.Allgatherv(x, spec(o))
+                    c.Allgatherv(one, (o, spec))
                     outcome.append(None)
-                except ValueError:
+                except ValueError:  # (raised while parsing, on every rank alike: no message sent)
                     outcome.append("ValueError")
-            assert outcome[0] == outcome[1] and np.array_equal(got, want), (outcome, got, want)
+            assert outcome[0] == outcome[1] and np.array_equal(got, want), (spec, outcome, got, want)
         ref = np.empty(n)
         comm.Allgatherv(x, [ref, counts])
         got = np.full(n, -1.0)
