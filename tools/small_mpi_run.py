@@ -78,10 +78,15 @@ for _ in range(3):  # (the third all-reduce runs whole in C: KeptAllreduce.fast)
     mpicoll.ialltoall(np.ones((p, 3)), comm=comm).wait()
     mpicoll.allgatherv(np.ones(counts[rank]), counts, comm=comm)
     mpicoll.alltoallv(np.ones(sum(counts)), counts, [counts[rank]] * p, comm=comm)  # (j sends counts[me] to me)
+    # persistent requests: their start and wait in C (native.c PersistFront),
+    # copy steps included (gather's, reduce_scatter's, allgatherv's)
     for pq in (mpicoll.allreduce_init(x, comm=comm, algorithm="mpi"), mpicoll.bcast_init(x, 0, comm=comm),
-               mpicoll.alltoall_init(np.ones((p, 3)), comm=comm)):
+               mpicoll.alltoall_init(np.ones((p, 3)), comm=comm), mpicoll.gather_init(x[:3], 0, comm=comm),
+               mpicoll.reduce_scatter_init(x, comm=comm), mpicoll.allgatherv_init(x[:counts[rank]], counts, comm=comm),
+               mpicoll.scatter_init(np.ones((p, 3)), 0, comm=comm)):
         pq()
-        pq()
+        pq.start()
+        pq.wait()
         pq.free()
 drop = mpicoll.Comm(comm)
 send, recv = np.arange(1001, dtype=np.float64) + rank, np.empty(1001)
@@ -97,6 +102,13 @@ for _ in range(4):  # (from the third call the doors in C serve them: native.c D
     drop.Allgather(send[:3], np.empty(3 * p))
     drop.Alltoall(send[:2 * p], np.empty(2 * p))
     drop.Gather(send[:3], np.empty(3 * p), p - 1)
+    drop.Scatter(np.ones((p, 3)), np.empty(3), 0)
+    drop.Scatterv([send[:sum(counts)], counts], np.empty(counts[rank]), 0)
+    drop.Gatherv(send[:counts[rank]], [np.empty(sum(counts)), counts], p - 1)
+    drop.Reduce_scatter_block(send[:2 * p], np.empty(2))
+    drop.Reduce_scatter(send[:sum(counts)], np.empty(counts[rank]), counts)
+    drop.Allgatherv(send[:counts[rank]], [np.empty(sum(counts)), counts])
+    drop.Ialltoallv([send[:sum(counts)], counts], [np.empty(counts[rank] * p), [counts[rank]] * p]).Wait()
 dup = comm.Dup()
 mpicoll.allreduce(np.ones(10), comm=dup)
 dup.Free()
