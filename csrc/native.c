@@ -1252,6 +1252,26 @@ static PyMethodDef module_methods[] = {
 static PyMethodDef wait_def = {"wait", (PyCFunction)request_wait, METH_O,
                                "wait(): the request's result, once complete (engine.NativeRequest.wait)."};
 
+/* The call's number (CommState.next_seq): next() of the communicator's
+ * itertools.count, and ``st.seq`` one past it. A new reference, or NULL
+ * with an error set. kept_run and the persistent front take it here. */
+static PyObject *take_number(PyObject *numbers, PyObject *st) {
+    PyObject *seq = PyIter_Next(numbers);
+    if (seq == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_RuntimeError, "mpicoll native: the call numbers ran out");
+        return NULL;
+    }
+    PyObject *next = PyNumber_Add(seq, one);
+    if (next == NULL || PyObject_SetAttr(st, s_seq, next) < 0) {
+        Py_XDECREF(next);
+        Py_DECREF(seq);
+        return NULL;
+    }
+    Py_DECREF(next);
+    return seq;
+}
+
 /* 1: as usual; 0: not (the Python path decides); -1: an error is set. */
 static int usual(Call *self) {
     PyObject *v = PyObject_GetAttr(self->st, s_freed);
@@ -1483,14 +1503,8 @@ static PyObject *kept_run(Call *self, PyObject *xo, PyObject *oo, int form) {
             return NULL;
         goto miss;
     }
-    /* The call's number (CommState.next_seq): next() of its itertools.count. */
-    PyObject *seq = PyIter_Next(self->numbers), *next = NULL;
+    PyObject *seq = take_number(self->numbers, self->st);
     int rc = MPI_SUCCESS, xrc = MPICOLL_X_DONE, tag = 0, failed = seq == NULL;
-    if (!failed) {
-        next = PyNumber_Add(seq, one);
-        failed = next == NULL || PyObject_SetAttr(self->st, s_seq, next) < 0;
-    }
-    Py_XDECREF(next);
     Req *q = NULL;
     if (!failed && form == F_START) {
         q = PyObject_New(Req, &ReqType);
@@ -1778,13 +1792,10 @@ static PyObject *Persist_start(Persist *self, PyObject *unused) {
         return took < 0 ? NULL : PyObject_CallMethodNoArgs((PyObject *)self, s__start);
     /* Plan.inputs: the stage, then the prologue */
     int failed = run_steps(self->pre) < 0, rc = MPI_SUCCESS;
-    /* CommState.next_seq, as kept_run takes it */
-    PyObject *seq = failed ? NULL : PyIter_Next(self->numbers);
+    PyObject *seq = failed ? NULL : take_number(self->numbers, self->st);
     if (!failed) {
-        PyObject *next = seq == NULL ? NULL : PyNumber_Add(seq, one);
         long long sv = seq == NULL ? -1 : PyLong_AsLongLong(seq);
-        failed = next == NULL || PyObject_SetAttr(self->st, s_seq, next) < 0 || (sv == -1 && PyErr_Occurred());
-        Py_XDECREF(next);
+        failed = sv == -1 && (seq == NULL || PyErr_Occurred());
         if (!failed)
             self->seq = sv;
     }
@@ -1870,8 +1881,8 @@ static PyObject *Persist_call(PyObject *self, PyObject *args, PyObject *kw) {
 /* Wait(status=None) -> True: mpi4py's spelling. */
 static PyObject *Persist_Wait(Persist *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     (void)args;
-    if (nargs > 1 || (kwnames != NULL && (nargs + PyTuple_GET_SIZE(kwnames) > 1
-                                          || PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "status") != 0))) {
+    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    if (nargs + nkw > 1 || (nkw == 1 && PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "status"))) {
         PyErr_SetString(PyExc_TypeError, "mpicoll: Wait(status=None)");
         return NULL;
     }
@@ -2279,6 +2290,32 @@ static int reduce_mode(Door *d, PyObject *sendbuf, PyArrayObject *recvbuf, PyObj
  * the generated method reaches through its _<collective> method, _door and
  * the api function), with the arrays the method would pass it. Returns
  * what the method returns (None; the request), or miss. */
+/* Both arrays as 1-D views (as_shape) for the call the method makes on
+ * them flattened, and the first one's shape for the key: 0, or -1 (an
+ * error set, or not: the caller's done path sorts it out). */
+static int flat_pair(PyArrayObject *a, PyArrayObject *b, PyObject **va, PyObject **vb, PyObject **shape) {
+    npy_intp na = PyArray_SIZE(a), nb = PyArray_SIZE(b);
+    if ((*va = as_shape(a, 1, &na)) == NULL || (*vb = as_shape(b, 1, &nb)) == NULL
+        || (*shape = shape_of((PyArrayObject *)*va)) == NULL)
+        return -1;
+    return 0;
+}
+
+/* The sum of a count tuple's ints (counts_of made it): -1 for a negative
+ * count, which the Python path refuses (no error set). */
+static Py_ssize_t counts_total(PyObject *c) {
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(c); i++) {
+        Py_ssize_t v = PyLong_AsSsize_t(PyTuple_GET_ITEM(c, i));
+        if (v < 0) {
+            PyErr_Clear();
+            return -1;
+        }
+        total += v;
+    }
+    return total;
+}
+
 /* Whether MPICOLL_ALGORITHM is unset in the environment, as
  * dropin._family_name reads it (the module _env of the door's globals:
  * os.environ's own dict); 0 also where it cannot be read (the Python path
@@ -2317,17 +2354,8 @@ static PyArrayObject *plain_v(Door *d, PyObject *spec, long p, int writable, PyA
         Py_XDECREF(c);
         return NULL;
     }
-    Py_ssize_t total = 0;
-    for (Py_ssize_t i = 0; i < p; i++) {
-        Py_ssize_t v = PyLong_AsSsize_t(PyTuple_GET_ITEM(c, i));
-        if (v < 0) {
-            PyErr_Clear();
-            Py_DECREF(c);
-            return NULL;
-        }
-        total += v;
-    }
-    if (total != PyArray_SIZE(a)) {
+    Py_ssize_t total = counts_total(c);
+    if (total < 0 || total != PyArray_SIZE(a)) {
         Py_DECREF(c);
         return NULL;
     }
@@ -2445,24 +2473,12 @@ static PyObject *door_comm_run(Door *d, PyObject *const *args, PyObject *second,
             || PyTuple_GET_SIZE(c1) != p)
             goto done;
         PyArrayObject *a = (PyArrayObject *)args[1], *b = (PyArrayObject *)args[2];
-        Py_ssize_t total = 0, mine = 0;
-        for (long i = 0; i < p; i++) {
-            Py_ssize_t v = PyLong_AsSsize_t(PyTuple_GET_ITEM(c1, i));
-            if (v < 0) {
-                PyErr_Clear();
-                goto done;
-            }
-            total += v;
-            if (i == rank)
-                mine = v;
-        }
-        if (!PyArray_IS_C_CONTIGUOUS(a) || !PyArray_IS_C_CONTIGUOUS(b) || !PyArray_ISWRITEABLE(b)
+        Py_ssize_t total = counts_total(c1), mine = total < 0 ? -1 : PyLong_AsSsize_t(PyTuple_GET_ITEM(c1, rank));
+        if (total < 0 || !PyArray_IS_C_CONTIGUOUS(a) || !PyArray_IS_C_CONTIGUOUS(b) || !PyArray_ISWRITEABLE(b)
             || !PyArray_EquivTypes(PyArray_DESCR(a), PyArray_DESCR(b)) || PyArray_SIZE(a) != total
             || PyArray_SIZE(b) != mine || overlaps(a, b) || (opn = op_name(d, b, second)) == NULL)
             goto done;
-        npy_intp na = PyArray_SIZE(a), nb = PyArray_SIZE(b);
-        if ((va = as_shape(a, 1, &na)) == NULL || (vb = as_shape(b, 1, &nb)) == NULL
-            || (shape = shape_of((PyArrayObject *)va)) == NULL)
+        if (flat_pair(a, b, &va, &vb, &shape) < 0)
             goto done;
         x = va;
         out = vb;
@@ -2479,9 +2495,7 @@ static PyObject *door_comm_run(Door *d, PyObject *const *args, PyObject *second,
             || !PyArray_EquivTypes(PyArray_DESCR(a), PyArray_DESCR(b)) || PyArray_SIZE(a) != p * PyArray_SIZE(b)
             || overlaps(a, b) || (opn = op_name(d, b, second)) == NULL)
             goto done;
-        npy_intp na = PyArray_SIZE(a), nb = PyArray_SIZE(b);
-        if ((va = as_shape(a, 1, &na)) == NULL || (vb = as_shape(b, 1, &nb)) == NULL
-            || (shape = shape_of((PyArrayObject *)va)) == NULL)
+        if (flat_pair(a, b, &va, &vb, &shape) < 0)
             goto done;
         x = va;
         out = vb;
@@ -2497,9 +2511,7 @@ static PyObject *door_comm_run(Door *d, PyObject *const *args, PyObject *second,
             || (b = plain_v(d, args[2], p, 1, a, &c1)) == NULL
             || PyLong_AsSsize_t(PyTuple_GET_ITEM(c1, rank)) != PyArray_SIZE(a) || overlaps(a, b))
             goto done;
-        npy_intp na = PyArray_SIZE(a), nb = PyArray_SIZE(b);
-        if ((va = as_shape(a, 1, &na)) == NULL || (vb = as_shape(b, 1, &nb)) == NULL
-            || (shape = shape_of((PyArrayObject *)va)) == NULL)
+        if (flat_pair(a, b, &va, &vb, &shape) < 0)
             goto done;
         x = va;
         out = vb;
@@ -2512,9 +2524,7 @@ static PyObject *door_comm_run(Door *d, PyObject *const *args, PyObject *second,
         if ((a = plain_v(d, args[1], p, 0, NULL, &c1)) == NULL || (b = plain_v(d, args[2], p, 1, a, &c2)) == NULL
             || overlaps(a, b))
             goto done;
-        npy_intp na = PyArray_SIZE(a), nb = PyArray_SIZE(b);
-        if ((va = as_shape(a, 1, &na)) == NULL || (vb = as_shape(b, 1, &nb)) == NULL
-            || (shape = shape_of((PyArrayObject *)va)) == NULL)
+        if (flat_pair(a, b, &va, &vb, &shape) < 0)
             goto done;
         x = va;
         out = vb;

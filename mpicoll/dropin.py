@@ -817,26 +817,25 @@ class Comm(MPI.Intracomm):
 # (the _init form takes mpi4py's ``info`` after the others). They are
 # written out as source and compiled once at import, as namedtuple and
 # dataclasses do: a real signature (mpi4py's TypeError for a wrong call,
-# help() and inspect show it) at the cost of a plain method call. A row with
-# a door in C (its last column: csrc/native.c's D_COMM_<name> and
-# D_COMM_I<name>) gets, where that module is built, a MethodDoor over its
-# blocking and I-form: a repeated call on plain arrays finds the kept entry
+# help() and inspect show it) at the cost of a plain method call. Where
+# csrc/native.c is built, every row's blocking and I-form is a MethodDoor
+# (its D_COMM_<NAME> and D_COMM_I<NAME>) over that method: a repeated call on plain arrays finds the kept entry
 # the api door filed and runs its gated call without these methods' frames
 # (~1.5 us of a 2 us call at p = 2); any other call goes to the method.
 _METHODS = (
-    ("Allreduce", "sendbuf, recvbuf, op=MPI.SUM", "_allreduce", "", "ALLREDUCE"),
-    ("Reduce", "sendbuf, recvbuf, op=MPI.SUM, root=0", "_reduce", "", "REDUCE"),
-    ("Reduce_scatter_block", "sendbuf, recvbuf, op=MPI.SUM", "_reduce_scatter_block", "", "REDUCE_SCATTER_BLOCK"),
-    ("Reduce_scatter", "sendbuf, recvbuf, recvcounts=None, op=MPI.SUM", "_reduce_scatter", "", "REDUCE_SCATTER"),
-    ("Bcast", "buf, root=0", "_bcast", "", "BCAST"),
-    ("Allgather", "sendbuf, recvbuf", "_allgather", "", "ALLGATHER"),
-    ("Scatter", "sendbuf, recvbuf, root=0", "_scatter", "'Scatter', ", "SCATTER"),
-    ("Scatterv", "sendbuf, recvbuf, root=0", "_scatter", "'Scatterv', ", "SCATTERV"),
-    ("Gather", "sendbuf, recvbuf, root=0", "_gather", "'Gather', ", "GATHER"),
-    ("Gatherv", "sendbuf, recvbuf, root=0", "_gather", "'Gatherv', ", "GATHERV"),
-    ("Allgatherv", "sendbuf, recvbuf", "_allgatherv", "", "ALLGATHERV"),
-    ("Alltoall", "sendbuf, recvbuf", "_alltoall", "'Alltoall', ", "ALLTOALL"),
-    ("Alltoallv", "sendbuf, recvbuf", "_alltoall", "'Alltoallv', ", "ALLTOALLV"),
+    ("Allreduce", "sendbuf, recvbuf, op=MPI.SUM", "_allreduce", ""),
+    ("Reduce", "sendbuf, recvbuf, op=MPI.SUM, root=0", "_reduce", ""),
+    ("Reduce_scatter_block", "sendbuf, recvbuf, op=MPI.SUM", "_reduce_scatter_block", ""),
+    ("Reduce_scatter", "sendbuf, recvbuf, recvcounts=None, op=MPI.SUM", "_reduce_scatter", ""),
+    ("Bcast", "buf, root=0", "_bcast", ""),
+    ("Allgather", "sendbuf, recvbuf", "_allgather", ""),
+    ("Scatter", "sendbuf, recvbuf, root=0", "_scatter", "'Scatter', "),
+    ("Scatterv", "sendbuf, recvbuf, root=0", "_scatter", "'Scatterv', "),
+    ("Gather", "sendbuf, recvbuf, root=0", "_gather", "'Gather', "),
+    ("Gatherv", "sendbuf, recvbuf, root=0", "_gather", "'Gatherv', "),
+    ("Allgatherv", "sendbuf, recvbuf", "_allgatherv", ""),
+    ("Alltoall", "sendbuf, recvbuf", "_alltoall", "'Alltoall', "),
+    ("Alltoallv", "sendbuf, recvbuf", "_alltoall", "'Alltoallv', "),
 )
 
 _DOCS = {
@@ -850,12 +849,14 @@ _DOCS = {
 }
 
 
-_DOOR_KEYS = {"REDUCE_SCATTER_BLOCK": "reduce_scatter", "SCATTERV": "scatter", "GATHERV": "gather"}
+# The kept signature's name (the api function the method calls), where it is
+# not the method's own name in lower case.
+_DOOR_KEYS = {"Reduce_scatter_block": "reduce_scatter", "Scatterv": "scatter", "Gatherv": "gather"}
 
 
 def _define_methods(cls) -> None:
     mod = _native.module()
-    for base, params, impl, lead, door in _METHODS:
+    for base, params, impl, lead in _METHODS:
         args = ", ".join(a.split("=")[0] for a in params.split(", "))
         for mode in ("run", "start", "init"):
             name = _method(base, mode)
@@ -867,10 +868,9 @@ def _define_methods(cls) -> None:
             fn = scope[name]
             fn.__module__, fn.__qualname__ = cls.__module__, f"{cls.__name__}.{name}"
             fn.__doc__ = _DOCS[mode].format(name=name)
-            if door is not None and mode != "init" and mod is not None:
-                which = getattr(mod, "D_COMM_" + ("" if mode == "run" else "I") + door)
-                # (the kept signature's name: api's function the method calls)
-                key = ("i" if mode == "start" and door == "ALLREDUCE" else "") + _DOOR_KEYS.get(door, door.lower())
+            if mode != "init" and mod is not None:
+                which = getattr(mod, "D_COMM_" + ("" if mode == "run" else "I") + base.upper())
+                key = ("i" if mode == "start" and base == "Allreduce" else "") + _DOOR_KEYS.get(base, base.lower())
                 fn = functools.update_wrapper(mod.MethodDoor(
                     which, fn, _by_handle, 0, MPI.Comm, key, _api.started_long, _MISS,
                     (globals(), MPI.SUM, MPI.IN_PLACE, MPI.Op, PLAIN_KINDS)), fn)
