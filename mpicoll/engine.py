@@ -74,6 +74,7 @@ from mpi4py import MPI
 
 from . import schedule as _sched
 from .schedule import CUSTOM
+from .builds import library_module
 from .poll import poll
 
 ENV_PROGRESS_THREAD = "MPICOLL_PROGRESS_THREAD"
@@ -305,7 +306,34 @@ class _Done(Request):
         return self.result
 
 
-class NativeRequest(Request):
+class _PyCore:
+    """NativeRequest's fields where csrc/native.c is not built: what every
+    request starts with, as class attributes (a short native call makes one
+    request per call, and each instance attribute set in __init__ cost
+    ~25 ns). Where it is built, its ``RequestCore`` holds them as a C
+    struct, which the C wait reads and writes directly."""
+
+    result = None
+    _mpi = None
+    _error = None
+    _finished = False
+    _done = False
+    _settler = None
+    _listed = False  # in the engine's list (engine lock)
+    _blocking = False  # a thread waits for it in MPI_Wait: nobody else may touch _mpi
+    _deadline = None
+    _expired_fn = None
+    _keep = None
+    _finish = None
+    _callbacks = None  # made by the first add_done_callback
+    _st = None
+
+
+_native_mod, _ = library_module("_native")
+_Core = _native_mod.RequestCore if _native_mod is not None else _PyCore
+
+
+class NativeRequest(_Core, Request):
     """A request that is one MPI request: the MPI library's own nonblocking
     (or started persistent) collective, or a point-to-point request handed
     to the engine (``watch``). No schedule, context or scratch: ``finish``
@@ -330,26 +358,14 @@ class NativeRequest(Request):
     returned: a temporary input, or a plan nobody else holds, would be freed
     and reused while the library still reads it."""
 
-    # What every request starts with, as class attributes: a short native
-    # call makes one of these per call, and each instance attribute set in
-    # __init__ cost ~25 ns (the first assignment makes the instance's own).
-    _error = None
-    _finished = False
-    _done = False
-    _settler = None
-    _listed = False  # in the engine's list (engine lock)
-    _blocking = False  # a thread waits for it in MPI_Wait: nobody else may touch _mpi
-    _deadline = None
-    _expired_fn = None
-    _keep = None
-    _finish = None
+    # (the fields' defaults, and their storage, come from _Core: a
+    # class attribute here would hide the C struct's member)
 
     def __init__(self, mpi_req, result=None, finish=None, deadline=None, st=None, expired=None, keep=None):
         self.result = result
         self._keep = keep
         self._mpi = mpi_req
         self._finish = finish
-        self._callbacks = []
         self._st = st
         if deadline is not None:
             self._deadline = deadline
@@ -406,7 +422,10 @@ class NativeRequest(Request):
         _engine._not_stepping()
         with _engine.lock:
             if not self._finished:
-                self._callbacks.append(fn)
+                if self._callbacks is None:
+                    self._callbacks = [fn]
+                else:
+                    self._callbacks.append(fn)
                 if not self._blocking:  # (a thread in MPI_Wait for it runs the callbacks itself)
                     _engine.list_locked(self)
                     if wake:

@@ -21,7 +21,6 @@ nonblocking ones), under names of their own.
 """
 from __future__ import annotations
 
-import importlib
 import os
 import time
 
@@ -31,22 +30,7 @@ from mpi4py import MPI
 from . import engine
 from . import schedule as _sched
 from ._kernels import ffi as _kffi, lib as _klib
-
-_TAGS = {"MPICH": "mpich", "Open MPI": "openmpi"}
-
-
-def library_module(prefix: str):
-    """(module, "") of mpicoll.<prefix>_<mpi>, the build of csrc/build_executor.py
-    for mpi4py's MPI library, or (None, why not)."""
-    vendor = MPI.get_vendor()[0]
-    tag = _TAGS.get(vendor)
-    if tag is None:
-        return None, f"no {prefix} module for {vendor!r} (MPICH and Open MPI are supported)"
-    try:
-        return importlib.import_module(f"mpicoll.{prefix}_{tag}"), ""
-    except ImportError as exc:
-        return None, (f"mpicoll.{prefix}_{tag} is not built ({exc}); run "
-                      "'python csrc/build_executor.py' with this environment's Python (make install does)")
+from .builds import library_module
 
 
 def _load():

@@ -27,7 +27,7 @@ import os
 from mpi4py import MPI
 
 from . import engine
-from .executor import library_module
+from .builds import library_module
 
 _mod, _why = library_module("_native")
 _enabled = os.environ.get("MPICOLL_NATIVE", "1").strip().lower() not in ("0", "false", "no", "off")

@@ -510,6 +510,44 @@ def test_kept_iallreduce_starts_whole_in_c(comm):
     comm.Barrier()
 
 
+def test_short_native_requests_keep_their_fields_in_c(comm):
+    """engine.NativeRequest's fields are csrc/native.c's RequestCore (the C
+    wait reads them directly): a request made in C keeps nothing in an
+    instance dictionary, the Python code reads and writes the same fields,
+    a callback added while it is in flight runs before wait() returns on
+    the C path's request, and the communicator's state is held until it
+    completes and released then."""
+    from mpicoll import engine
+    if comm.size == 1:
+        pytest.skip("one rank: nothing is exchanged")
+    p, r = comm.size, comm.rank
+    assert engine.NativeRequest.__mro__[1] is native.module().RequestCore
+    st = state(comm)
+    x, y = np.full(4, r, np.int32), np.zeros(4, np.int32)
+    for _ in range(3):
+        mpicoll.iallreduce(x, comm=comm, out=y).wait()  # kept, then gated
+    held = st.pending
+    req = mpicoll.iallreduce(x, comm=comm, out=y)
+    assert type(req) is engine.NativeRequest and req._mpi is not None
+    assert vars(req) == {} and req._callbacks is None and req._st is st
+    assert st.pending == held + 1
+    seen = []
+    req.add_done_callback(lambda q: seen.append((q.done, np.array(q.result))))
+    assert req._listed and len(req._callbacks) == 1
+    got = req.wait()
+    assert np.array_equal(got, np.full(4, sum(range(p)))) and got is y
+    assert len(seen) == 1 and np.array_equal(seen[0][1], got)
+    assert req.done and req._st is None and st.pending == held
+    # the C wait's own path: no callback, alone
+    req = mpicoll.iallreduce(x + 1, comm=comm, out=y)
+    assert not req._listed
+    assert np.array_equal(req.wait(), np.full(4, sum(range(p)) + p))
+    # (_blocking: it was waited for in MPI_Wait, the alone path)
+    assert req.done and req._finished and req._blocking and req._st is None and st.pending == held
+    assert vars(req) == {}
+    comm.Barrier()
+
+
 def test_kept_bcast_runs_whole_in_c(comm):
     """bcast's kept call, blocking and started, whole in C from its third
     call: root's bytes everywhere, one number per call, the gate kept."""
