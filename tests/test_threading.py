@@ -515,3 +515,68 @@ def test_native_wait_in_c_records_errors_and_runs_finishes_once():
     ran = []
     req = engine.NativeRequest(_Complete(), "r", finish=lambda: ran.append(1))
     assert req.wait() == "r" and req.wait() == "r" and ran == [1] and req.done
+
+
+@pytest.mark.skipif(not native.available(), reason="mpicoll._native_* is not built for this MPI")
+def test_the_engine_lock_keeps_threading_locks_meaning():
+    """The engine's lock is csrc/native.c's Mutex (the C wait takes it in a
+    C call): threading.Lock's acquire/release/locked/context manager,
+    timeouts, mutual exclusion between threads, a Condition over it, and a
+    blocking acquire that a signal handler's exception interrupts."""
+    import signal
+    m = native._mod.Mutex()
+    assert type(engine._engine.lock) is type(m)
+    assert m.acquire() is True and m.locked() and m.acquire(False) is False
+    t0 = time.monotonic()
+    assert m.acquire(timeout=0.05) is False and time.monotonic() - t0 >= 0.04
+    with pytest.raises(ValueError):
+        m.acquire(False, 1)
+    m.release()
+    with pytest.raises(RuntimeError, match="release unlocked lock"):
+        m.release()
+    with m:
+        assert m.locked()
+    assert not m.locked()
+    count, inside = [0], [0]
+
+    def work():
+        for _ in range(5000):
+            with m:
+                inside[0] += 1
+                assert inside[0] == 1
+                count[0] += 1
+                inside[0] -= 1
+    ts = [threading.Thread(target=work) for _ in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert count[0] == 20000
+    c = threading.Condition(m)
+    got = []
+
+    def waiter():
+        with c:
+            got.append(c.wait(5))
+    t = threading.Thread(target=waiter)
+    t.start()
+    deadline = time.monotonic() + 5
+    while not got and time.monotonic() < deadline:
+        with c:
+            c.notify()
+        time.sleep(0.01)
+    t.join()
+    assert got == [True]
+    if threading.current_thread() is threading.main_thread():
+        def boom(*_):
+            raise KeyboardInterrupt
+        old = signal.signal(signal.SIGALRM, boom)
+        m.acquire()
+        try:
+            signal.setitimer(signal.ITIMER_REAL, 0.05)
+            with pytest.raises(KeyboardInterrupt):
+                m.acquire()
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+            m.release()
