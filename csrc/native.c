@@ -1286,7 +1286,7 @@ static PyTypeObject RCoreType = {
 
 static PyObject *E_engine, *E_lock, *E_cls, *E_wait, *E_failed, *E_settle;
 static Py_ssize_t E_list_min;
-static PyObject *s_active, *s_stepper, *s_live_, *s_Wait;
+static PyObject *s_active, *s_stepper, *s_live_, *s_Wait, *s_thread, *s_list_native;
 
 static PyObject *bind(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
     (void)mod;
@@ -1363,6 +1363,68 @@ static PyObject *new_request(PyObject *q, PyObject *result, PyObject *st) {
     return (PyObject *)r;
 }
 
+/* The end of a request this thread waited for alone (its MPI request
+ * complete): _complete and the callbacks taken, under the lock
+ * (add_done_callback reads _finished under it); then _settle - without
+ * callbacks, and for a communicator not freed, CommState.release's pop and
+ * the request marked done; else its Python. 1, or -1 with an error set. */
+static int finish_alone(RCore *req) {
+    if (lock_take() < 0)
+        return -1;
+    req->finished = 1;
+    PyObject *keep = req->keep, *cbs = req->callbacks;
+    req->keep = NULL;
+    req->callbacks = NULL;
+    int rc = lock_give();
+    Py_XDECREF(keep);
+    if (rc < 0) {
+        Py_XDECREF(cbs);
+        return -1;
+    }
+    int simple = cbs == NULL || (PyList_Check(cbs) && PyList_GET_SIZE(cbs) == 0);
+    PyObject *st = req->st;
+    if (simple && st != NULL && st != Py_None) {
+        PyObject *live = req->live;
+        simple = live != NULL && PyList_GET_SIZE(live) > 0 && attr_is(st, s_freed, Py_False) > 0;
+        if (simple) {
+            rc = PyList_SetSlice(live, PyList_GET_SIZE(live) - 1, PyList_GET_SIZE(live), NULL);
+            if (rc == 0) {
+                Py_CLEAR(req->st);
+                Py_CLEAR(req->live);
+            }
+        }
+    }
+    if (PyErr_Occurred())
+        rc = -1;
+    else if (simple) {
+        req->done = 1;
+        rc = 1;
+    } else {
+        PyObject *r = PyObject_CallFunctionObjArgs(E_settle, (PyObject *)req, cbs == NULL ? Py_None : cbs, NULL);
+        rc = r == NULL ? -1 : 1;
+        Py_XDECREF(r);
+    }
+    Py_XDECREF(cbs);
+    return rc;
+}
+
+/* The library's (or the executor's) error from a wait alone: recorded on
+ * the request by the engine (wait_native's except branch) and the request
+ * settled; wait() raises it from there. 1, or -1 with an error set. */
+static int failed_alone(RCore *req) {
+    PyObject *t, *v, *tb;
+    PyErr_Fetch(&t, &v, &tb);
+    PyErr_NormalizeException(&t, &v, &tb);
+    if (tb != NULL)
+        PyException_SetTraceback(v, tb);
+    PyObject *r = PyObject_CallFunctionObjArgs(E_failed, (PyObject *)req, v, NULL);
+    Py_XDECREF(t);
+    Py_XDECREF(v);
+    Py_XDECREF(tb);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 1;
+}
+
 /* wait_native's alone path (see above): 1 done (completed, or failed and
  * settled by the engine's Python), 0 not alone (the Python wait decides),
  * -1 an error of ours. */
@@ -1398,63 +1460,10 @@ static int wait_alone(RCore *req) {
     Py_INCREF(mpi);
     PyObject *w = Py_TYPE(mpi) == &ReqType ? Req_Wait((Req *)mpi, NULL) : PyObject_CallMethodNoArgs(mpi, s_Wait);
     Py_DECREF(mpi);
-    if (w == NULL) {
-        /* The library's error: recorded on this request by the engine
-         * (wait_native's except branch), raised by wait() from there. */
-        PyObject *t, *v, *tb;
-        PyErr_Fetch(&t, &v, &tb);
-        PyErr_NormalizeException(&t, &v, &tb);
-        if (tb != NULL)
-            PyException_SetTraceback(v, tb);
-        PyObject *r = PyObject_CallFunctionObjArgs(E_failed, (PyObject *)req, v, NULL);
-        Py_XDECREF(t);
-        Py_XDECREF(v);
-        Py_XDECREF(tb);
-        Py_XDECREF(r);
-        return r == NULL ? -1 : 1;
-    }
+    if (w == NULL)
+        return failed_alone(req);
     Py_DECREF(w);
-    /* _complete and the callbacks taken, under the lock (add_done_callback
-     * reads _finished under it). */
-    if (lock_take() < 0)
-        return -1;
-    req->finished = 1;
-    PyObject *keep = req->keep, *cbs = req->callbacks;
-    req->keep = NULL;
-    req->callbacks = NULL;
-    int rc = lock_give();
-    Py_XDECREF(keep);
-    if (rc < 0) {
-        Py_XDECREF(cbs);
-        return -1;
-    }
-    /* _settle: without callbacks, and for a communicator not freed, that is
-     * CommState.release's pop and the request marked done; else its Python. */
-    int simple = cbs == NULL || (PyList_Check(cbs) && PyList_GET_SIZE(cbs) == 0);
-    PyObject *st = req->st;
-    if (simple && st != NULL && st != Py_None) {
-        PyObject *live = req->live;
-        simple = live != NULL && PyList_GET_SIZE(live) > 0 && attr_is(st, s_freed, Py_False) > 0;
-        if (simple) {
-            rc = PyList_SetSlice(live, PyList_GET_SIZE(live) - 1, PyList_GET_SIZE(live), NULL);
-            if (rc == 0) {
-                Py_CLEAR(req->st);
-                Py_CLEAR(req->live);
-            }
-        }
-    }
-    if (PyErr_Occurred())
-        rc = -1;
-    else if (simple) {
-        req->done = 1;
-        rc = 1;
-    } else {
-        PyObject *r = PyObject_CallFunctionObjArgs(E_settle, (PyObject *)req, cbs == NULL ? Py_None : cbs, NULL);
-        rc = r == NULL ? -1 : 1;
-        Py_XDECREF(r);
-    }
-    Py_XDECREF(cbs);
-    return rc;
+    return finish_alone(req);
 }
 
 /* NativeRequest.wait where this module is bound: the alone path above, else
@@ -1881,6 +1890,191 @@ static PyTypeObject CallType = {
     .tp_dealloc = (destructor)Call_dealloc,
 };
 
+/* ---- a persistent program's run as an MPI request (XRun) ---------------------
+ *
+ * A persistent request of a compiled schedule (persistent.py: ring,
+ * recursive doubling, ... below 64 KiB) runs its program on one kit, bound
+ * to its buffers for good. XRun is that run seen as an MPI request, so the
+ * engine drives it as it drives the library's: ``Test()`` is one
+ * nonblocking pass of the executor (posts what it can, advances while the
+ * messages have arrived), ``Wait()`` the blocking rest with the GIL
+ * released. Made once per request (persistent.py ``_bind_program``) with
+ * the addresses executor.Executable passes to mpicoll_x_run; ``owner``
+ * holds the program and the kit they point into. On an executor error the
+ * run is over: ``fail(rc, tag, seq)`` (the request's Python) abandons the
+ * kit to the library, turns this path off and returns the exception, which
+ * Test()/Wait() raise. */
+typedef struct {
+    PyObject_HEAD
+    xrun_fn xrun;
+    struct mpicoll_xstate *state;
+    const int64_t *steps, *lists;
+    int64_t nsteps, *info;
+    char *buf, *src, **scratch;
+    int op, dtype, tag, active, inside;
+    intptr_t handle;
+    long long seq;
+    PyObject *owner, *fail;
+} XRun;
+
+static int XRun_traverse(XRun *self, visitproc visit, void *arg) {
+    Py_VISIT(self->owner);
+    Py_VISIT(self->fail);
+    return 0;
+}
+
+static int XRun_clear(XRun *self) {
+    if (self->active)
+        return 0; /* in the library's hands: what it points into stays */
+    Py_CLEAR(self->owner);
+    Py_CLEAR(self->fail);
+    return 0;
+}
+
+static void XRun_dealloc(XRun *self) {
+    PyObject_GC_UnTrack(self);
+    if (self->active) { /* (leaked on purpose: the library may still write into it) */
+        Py_XINCREF(self->owner);
+        self->active = 0;
+    }
+    XRun_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* XRun(xrun, state, steps, nsteps, lists, scratch, info, op, dtype, comm, buf, src, owner, fail): addresses
+ * as ints (scratch and src may be None). */
+static PyObject *XRun_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    PyObject *a[14];
+    if (kw != NULL && PyDict_GET_SIZE(kw) > 0) {
+        PyErr_SetString(PyExc_TypeError, "mpicoll native: XRun() takes no keywords");
+        return NULL;
+    }
+    if (!PyArg_UnpackTuple(args, "XRun", 14, 14, &a[0], &a[1], &a[2], &a[3], &a[4], &a[5], &a[6], &a[7], &a[8],
+                           &a[9], &a[10], &a[11], &a[12], &a[13]))
+        return NULL;
+    void *ptr[6];
+    static const int at[6] = {0, 1, 2, 4, 6, 10}; /* xrun, state, steps, lists, info, buf: never NULL */
+    for (int i = 0; i < 6; i++) {
+        ptr[i] = PyLong_AsVoidPtr(a[at[i]]);
+        if (ptr[i] == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "mpicoll native: XRun() got a null pointer");
+            return NULL;
+        }
+    }
+    void *scratch = a[5] == Py_None ? NULL : PyLong_AsVoidPtr(a[5]);
+    void *src = a[11] == Py_None ? NULL : PyLong_AsVoidPtr(a[11]);
+    long long nsteps = PyLong_AsLongLong(a[3]), handle = PyLong_AsLongLong(a[9]);
+    long op = PyLong_AsLong(a[7]), dtype = PyLong_AsLong(a[8]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (nsteps < 0 || !PyCallable_Check(a[13])) {
+        PyErr_SetString(PyExc_ValueError, "mpicoll native: XRun() got a negative step count or a fail() not callable");
+        return NULL;
+    }
+    XRun *x = (XRun *)type->tp_alloc(type, 0);
+    if (x == NULL)
+        return NULL;
+    x->xrun = (xrun_fn)ptr[0];
+    x->state = ptr[1];
+    x->steps = ptr[2];
+    x->lists = ptr[3];
+    x->info = ptr[4];
+    x->buf = ptr[5];
+    x->scratch = scratch;
+    x->src = src;
+    x->nsteps = nsteps;
+    x->op = (int)op;
+    x->dtype = (int)dtype;
+    x->handle = (intptr_t)handle;
+    Py_INCREF(a[12]);
+    x->owner = a[12];
+    Py_INCREF(a[13]);
+    x->fail = a[13];
+    return (PyObject *)x;
+}
+
+/* One pass (blocking: the whole rest, the GIL released): the executor's
+ * status, or -1 with the run's error raised (fail() made it). */
+static int xrun_pass(XRun *x, int blocking) {
+    int rc;
+    if (blocking) {
+        x->inside = 1;
+        Py_BEGIN_ALLOW_THREADS
+        rc = x->xrun(x->state, x->steps, x->nsteps, x->lists, x->buf, x->src, x->scratch, x->op, x->dtype,
+                     x->handle, x->tag, 1, x->info);
+        Py_END_ALLOW_THREADS
+        x->inside = 0;
+    } else
+        rc = x->xrun(x->state, x->steps, x->nsteps, x->lists, x->buf, x->src, x->scratch, x->op, x->dtype,
+                     x->handle, x->tag, 0, x->info);
+    if (rc == MPICOLL_X_DONE || rc == MPICOLL_X_PENDING) {
+        if (rc == MPICOLL_X_DONE)
+            x->active = 0;
+        return rc;
+    }
+    x->active = 0;
+    PyObject *exc = PyObject_CallFunction(x->fail, "iiL", rc, x->tag, x->seq);
+    if (exc == NULL)
+        return -1;
+    if (PyExceptionInstance_Check(exc))
+        PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+    else
+        PyErr_SetString(PyExc_RuntimeError, "mpicoll native: an XRun's fail() returned no exception");
+    Py_DECREF(exc);
+    return -1;
+}
+
+static PyObject *XRun_Test(XRun *self, PyObject *unused) {
+    (void)unused;
+    if (!self->active)
+        Py_RETURN_TRUE;
+    if (self->inside) /* another thread is in Wait(): it completes it */
+        Py_RETURN_FALSE;
+    int rc = xrun_pass(self, 0);
+    if (rc < 0)
+        return NULL;
+    return PyBool_FromLong(rc == MPICOLL_X_DONE);
+}
+
+static PyObject *XRun_Wait(XRun *self, PyObject *unused) {
+    (void)unused;
+    if (!self->active)
+        Py_RETURN_TRUE;
+    if (self->inside) {
+        PyErr_SetString(PyExc_RuntimeError, "mpicoll native: a program's run waited for by two threads at once");
+        return NULL;
+    }
+    if (xrun_pass(self, 1) < 0)
+        return NULL;
+    Py_RETURN_TRUE;
+}
+
+static PyMethodDef XRun_methods[] = {
+    {"Test", (PyCFunction)XRun_Test, METH_NOARGS, "Test() -> bool: one nonblocking pass of the executor."},
+    {"Wait", (PyCFunction)XRun_Wait, METH_NOARGS, "Wait(): the rest of the run, the GIL released."},
+    {NULL, NULL, 0, NULL}};
+
+static PyMemberDef XRun_members[] = {
+    {"active", T_INT, offsetof(XRun, active), READONLY, "started, not yet complete"},
+    {"tag", T_INT, offsetof(XRun, tag), READONLY, "the current run's tag"},
+    {"seq", T_LONGLONG, offsetof(XRun, seq), READONLY, "the current run's call number"},
+    {NULL, 0, 0, 0, NULL}};
+
+static PyTypeObject XRunType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "mpicoll.native.XRun",
+    .tp_basicsize = sizeof(XRun),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A persistent program's run as an MPI request: Test/Wait over the executor (see csrc/native.c).",
+    .tp_new = XRun_new,
+    .tp_traverse = (traverseproc)XRun_traverse,
+    .tp_clear = (inquiry)XRun_clear,
+    .tp_dealloc = (destructor)XRun_dealloc,
+    .tp_methods = XRun_methods,
+    .tp_members = XRun_members,
+};
+
 /* ---- a persistent request's start and wait, in C (persistent.Persistent) -----
  *
  * ``req.start(); req.wait()`` of a persistent plan of the library's
@@ -1894,7 +2088,16 @@ static PyTypeObject CallType = {
  * for everything else: no request bound (another algorithm, a timeout, the
  * native module off), a callback running or a thread in the gate (the
  * Python raises the error that applies), a run already handed to the
- * engine, other requests in flight, a second thread waiting. */
+ * engine, other requests in flight, a second thread waiting.
+ *
+ * A persistent request of a compiled schedule (_program: an XRun over its
+ * kit) runs the same way: start is the gate, the inputs, the call number
+ * and the executor's first pass; a run that pass finished is finished
+ * there, a pending one is put in the engine's list as a NativeRequest over
+ * the XRun (as Python's start lists its ProgramRequest: other threads'
+ * waits and the progress thread advance it); wait takes it back when it is
+ * the only request listed and finishes it in one blocking pass, the GIL
+ * released. Forced ring at 8 B, p = 2: 8.4 -> 3.6 us a start+wait. */
 typedef struct {
     PyObject_HEAD
     PyObject *fast;     /* _fast: the library's persistent Req this front runs, or None/NULL */
@@ -1905,6 +2108,12 @@ typedef struct {
      * release, its call numbers, the engine module, the plan's result, and
      * the steps before MPI_Start and after MPI_Wait (tuples; see run_steps) */
     PyObject *st, *busy, *numbers, *engmod, *result, *pre, *post;
+    /* bound by _program(): a compiled schedule's run (an XRun, or NULL: the
+     * library's request above, if any), the plan's finish (the listed
+     * run's _finish) and the completed request a run finished at its start
+     * stands as (_req); the communicator's tag span */
+    PyObject *xr, *xfinish, *ran;
+    long long tag_span;
 } Persist;
 
 static PyObject *s__start, *s__wait;
@@ -1919,6 +2128,9 @@ static int Persist_traverse(Persist *self, visitproc visit, void *arg) {
     Py_VISIT(self->result);
     Py_VISIT(self->pre);
     Py_VISIT(self->post);
+    Py_VISIT(self->xr);
+    Py_VISIT(self->xfinish);
+    Py_VISIT(self->ran);
     return 0;
 }
 
@@ -1935,6 +2147,9 @@ static void Persist_unbind(Persist *self) {
 static int Persist_clear(Persist *self) {
     Py_CLEAR(self->fast);
     Py_CLEAR(self->req);
+    Py_CLEAR(self->xr);
+    Py_CLEAR(self->xfinish);
+    Py_CLEAR(self->ran);
     Persist_unbind(self);
     return 0;
 }
@@ -2007,8 +2222,272 @@ static int run_steps(PyObject *steps) {
     return 0;
 }
 
+/* _program(xr, finish, ran): run a compiled schedule's starts and waits
+ * here (after _front): ``xr`` the XRun over the request's kit, ``finish``
+ * the plan's finish (None or a callable; ``post`` holds it as steps),
+ * ``ran`` the completed request a run that finished at its start stands
+ * as. _program(None, None, None) turns it off (a failed run: the next
+ * start, in Python, makes a new kit and binds it again). */
+static PyObject *Persist_program(Persist *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || (args[0] != Py_None && Py_TYPE(args[0]) != &XRunType)) {
+        PyErr_SetString(PyExc_TypeError, "mpicoll native: _program(xr, finish, ran), xr an XRun or None");
+        return NULL;
+    }
+    if (args[0] == Py_None) {
+        Py_CLEAR(self->xr);
+        Py_CLEAR(self->xfinish);
+        Py_CLEAR(self->ran);
+        Py_RETURN_NONE;
+    }
+    if (self->st == NULL) {
+        PyErr_SetString(PyExc_ValueError, "mpicoll native: _program() before _front()");
+        return NULL;
+    }
+    PyObject *span = PyObject_GetAttr(self->st, s_tag_span);
+    long long ts = span == NULL ? -1 : PyLong_AsLongLong(span);
+    Py_XDECREF(span);
+    if (ts <= 0) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "mpicoll native: _program() got a state without a tag span");
+        return NULL;
+    }
+    self->tag_span = ts;
+    PyObject **slots[] = {&self->xr, &self->xfinish, &self->ran};
+    for (int i = 0; i < 3; i++) {
+        Py_INCREF(args[i]);
+        Py_XSETREF(*slots[i], args[i]);
+    }
+    Py_RETURN_NONE;
+}
+
+/* A started run the first pass left pending, as the engine's request: a
+ * NativeRequest over the XRun (its _finish the plan's), the state held,
+ * put in the engine's list - as Python's start lists its ProgramRequest -
+ * so that any thread's wait() or the progress thread advances it while
+ * this rank waits for something else. The request, or NULL with an error. */
+static PyObject *xlisted(Persist *self, XRun *x) {
+    PyTypeObject *cls = (PyTypeObject *)E_cls;
+    RCore *r = (RCore *)cls->tp_alloc(cls, 0);
+    if (r == NULL)
+        return NULL;
+    PyObject *live = PyObject_GetAttr(self->st, s_live_);
+    if (live == NULL || !PyList_Check(live) || PyList_Append(live, Py_None) < 0) {
+        Py_XDECREF(live);
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "mpicoll native: the state's _live is not a list");
+        Py_DECREF(r);
+        return NULL;
+    }
+    r->live = live;
+    Py_INCREF(self->st);
+    r->st = self->st;
+    Py_INCREF(self->result);
+    r->result = self->result;
+    Py_INCREF((PyObject *)x);
+    r->mpi = (PyObject *)x;
+    if (self->xfinish != Py_None) {
+        Py_INCREF(self->xfinish);
+        r->finish = self->xfinish;
+    }
+    /* engine.list_locked, here while the progress thread exists and no
+     * step runs on this thread; else the Python (it spawns the thread, or
+     * refuses a call from a step) */
+    PyObject *thread = PyObject_GetAttr(E_engine, s_thread);
+    int is = thread == NULL ? -1 : thread != Py_None;
+    Py_XDECREF(thread);
+    if (is > 0)
+        is = attr_is(E_engine, s_stepper, Py_None);
+    if (is > 0) {
+        if (lock_take() < 0) {
+            Py_DECREF(r);
+            return NULL;
+        }
+        PyObject *active = PyObject_GetAttr(E_engine, s_active);
+        int bad = active == NULL || !PyList_Check(active) || PyList_Append(active, (PyObject *)r) < 0;
+        if (!bad)
+            r->listed = 1;
+        Py_XDECREF(active);
+        if (lock_give() < 0 || bad) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_TypeError, "mpicoll native: the engine's list is not a list");
+            Py_DECREF(r);
+            return NULL;
+        }
+    } else if (is == 0) {
+        PyObject *got = PyObject_CallMethodOneArg(E_engine, s_list_native, (PyObject *)r);
+        Py_XDECREF(got);
+        if (got == NULL) {
+            Py_DECREF(r);
+            return NULL;
+        }
+    } else {
+        Py_DECREF(r);
+        return NULL;
+    }
+    return (PyObject *)r;
+}
+
+/* A completed request carrying ``exc`` (Python's start records a finish's
+ * error so: engine.Request.completed, its _error set). */
+static PyObject *completed_with(Persist *self, PyObject *exc) {
+    PyObject *cls = PyObject_GetAttrString(self->engmod, "Request");
+    PyObject *req = cls == NULL ? NULL : PyObject_CallMethod(cls, "completed", "O", self->result);
+    Py_XDECREF(cls);
+    if (req != NULL && PyObject_SetAttrString(req, "_error", exc) < 0)
+        Py_CLEAR(req);
+    return req;
+}
+
+/* start() of a compiled schedule's run: Persistent._start's program branch
+ * (the gate, the inputs, the call number and its tag, the executor's first
+ * pass); a run the pass finished is finished here (``ran``), a pending one
+ * listed (xlisted), an executor error handed to Python's _xstarted. */
+static PyObject *persist_xstart(Persist *self, XRun *x) {
+    if (self->active) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "mpicoll: persistent request started again before it completed (wait() first)");
+        return NULL;
+    }
+    if (E_cls == NULL || x->active)
+        return PyObject_CallMethodNoArgs((PyObject *)self, s__start);
+    PyObject *v = PyObject_GetAttr(self->engmod, s_running);
+    if (v == NULL)
+        return NULL;
+    int running = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    if (running < 0)
+        return NULL;
+    int took = running ? 0 : gate_take(self->busy);
+    if (took != 1)
+        return took < 0 ? NULL : PyObject_CallMethodNoArgs((PyObject *)self, s__start);
+    int failed = run_steps(self->pre) < 0, rc = MPICOLL_X_DONE;
+    PyObject *seq = failed ? NULL : take_number(self->numbers, self->st);
+    if (!failed) {
+        long long sv = seq == NULL ? -1 : PyLong_AsLongLong(seq);
+        failed = sv == -1 && (seq == NULL || PyErr_Occurred());
+        if (!failed) {
+            self->seq = x->seq = sv;
+            x->tag = (int)(1 + sv % self->tag_span);
+            x->active = 1;
+            rc = x->xrun(x->state, x->steps, x->nsteps, x->lists, x->buf, x->src, x->scratch, x->op, x->dtype,
+                         x->handle, x->tag, 0, x->info);
+            if (rc != MPICOLL_X_PENDING)
+                x->active = 0;
+        }
+    }
+    Py_XDECREF(seq);
+    PyObject *exc_type, *exc_value, *exc_tb;
+    PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
+    if (gate_give(self->busy) < 0) {
+        Py_XDECREF(exc_type);
+        Py_XDECREF(exc_value);
+        Py_XDECREF(exc_tb);
+        return NULL;
+    }
+    PyErr_Restore(exc_type, exc_value, exc_tb);
+    if (failed)
+        return NULL;
+    PyObject *req;
+    if (rc == MPICOLL_X_DONE) {
+        if (run_steps(self->post) == 0) {
+            Py_INCREF(self->ran);
+            req = self->ran;
+        } else {
+            PyObject *t, *e, *tb;
+            PyErr_Fetch(&t, &e, &tb);
+            PyErr_NormalizeException(&t, &e, &tb);
+            req = completed_with(self, e);
+            Py_XDECREF(t);
+            Py_XDECREF(e);
+            Py_XDECREF(tb);
+        }
+    } else if (rc == MPICOLL_X_PENDING)
+        req = xlisted(self, x);
+    else
+        req = PyObject_CallMethod((PyObject *)self, "_xstarted", "iiL", rc, x->tag, x->seq);
+    if (req == NULL)
+        return NULL; /* (a pending run stays with the library: x->active keeps what it points into) */
+    Py_XSETREF(self->req, req);
+    self->active = 1;
+    Py_RETURN_NONE;
+}
+
+/* wait() of a compiled schedule's run: a run finished at its start returns
+ * at once; a pending one that is the only request in the engine's list is
+ * taken back (as wait_native does) and finished here in one blocking pass,
+ * the GIL released, then the plan's finish; anything else is Python's
+ * _wait (which drives it with the others). */
+static PyObject *persist_xwait(Persist *self, XRun *x) {
+    if (!self->active) {
+        Py_INCREF(self->result);
+        return self->result;
+    }
+    PyObject *req = self->req;
+    if (req != NULL && req == self->ran) {
+        self->active = 0;
+        Py_CLEAR(self->req);
+        Py_INCREF(self->result);
+        return self->result;
+    }
+    if (req == NULL || Py_TYPE(req) != (PyTypeObject *)E_cls || ((RCore *)req)->mpi != (PyObject *)x)
+        return PyObject_CallMethodNoArgs((PyObject *)self, s__wait);
+    RCore *r = (RCore *)req;
+    if (lock_take() < 0)
+        return NULL;
+    PyObject *active = PyObject_GetAttr(E_engine, s_active);
+    int bad = active == NULL || !PyList_Check(active), alone = 0;
+    if (!bad && !r->finished && !r->blocking && r->listed && PyList_GET_SIZE(active) == 1
+        && PyList_GET_ITEM(active, 0) == req && (r->deadline == NULL || r->deadline == Py_None)) {
+        bad = PyList_SetSlice(active, 0, 1, NULL) < 0;
+        if (!bad) {
+            alone = 1;
+            r->listed = 0;
+            r->blocking = 1;
+        }
+    }
+    Py_XDECREF(active);
+    if (lock_give() < 0 || bad) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "mpicoll native: the engine's list is not a list");
+        return NULL;
+    }
+    if (!alone)
+        return PyObject_CallMethodNoArgs((PyObject *)self, s__wait);
+    Py_INCREF(req);
+    int done;
+    if (xrun_pass(x, 1) < 0)
+        done = failed_alone(r);
+    else {
+        /* NativeRequest._end: the finish, its error recorded on the request */
+        if (run_steps(self->post) < 0) {
+            PyObject *t, *e, *tb;
+            PyErr_Fetch(&t, &e, &tb);
+            PyErr_NormalizeException(&t, &e, &tb);
+            Py_XSETREF(r->error, e);
+            Py_XDECREF(t);
+            Py_XDECREF(tb);
+        }
+        done = finish_alone(r);
+    }
+    int clean = done > 0 && (r->error == NULL || r->error == Py_None) && r->done;
+    Py_DECREF(req);
+    if (done < 0)
+        return NULL;
+    if (!clean) /* (an error recorded on the run: Python's _wait raises it) */
+        return PyObject_CallMethodNoArgs((PyObject *)self, s__wait);
+    self->active = 0;
+    Py_CLEAR(self->req);
+    Py_INCREF(self->result);
+    return self->result;
+}
+
 static PyObject *Persist_start(Persist *self, PyObject *unused) {
     (void)unused;
+    if (self->xr != NULL) { /* (held: a failed run's Python unbinds it) */
+        PyObject *x = Py_NewRef(self->xr), *r = persist_xstart(self, (XRun *)x);
+        Py_DECREF(x);
+        return r;
+    }
     Req *q = persist_fast(self);
     if (q == NULL)
         return PyObject_CallMethodNoArgs((PyObject *)self, s__start);
@@ -2068,6 +2547,11 @@ static PyObject *Persist_start(Persist *self, PyObject *unused) {
 
 static PyObject *Persist_wait(Persist *self, PyObject *unused) {
     (void)unused;
+    if (self->xr != NULL) {
+        PyObject *x = Py_NewRef(self->xr), *r = persist_xwait(self, (XRun *)x);
+        Py_DECREF(x);
+        return r;
+    }
     Req *q = persist_fast(self);
     if (q == NULL || (self->active && ((self->req != NULL && self->req != Py_None) || q->inside)))
         return PyObject_CallMethodNoArgs((PyObject *)self, s__wait);
@@ -2137,11 +2621,14 @@ static PyMemberDef Persist_members[] = {
     {"_req", T_OBJECT, offsetof(Persist, req), 0, "the engine's request of the current run, or None"},
     {"_active", T_BOOL, offsetof(Persist, active), 0, "started and not yet waited for"},
     {"_seq", T_LONGLONG, offsetof(Persist, seq), 0, "the current run's call number"},
+    {"_xr", T_OBJECT, offsetof(Persist, xr), READONLY, "the XRun the C start/wait run (_program), or None"},
     {NULL, 0, 0, 0, NULL}};
 
 static PyMethodDef Persist_methods[] = {
     {"_front", (PyCFunction)(void (*)(void))Persist_front, METH_FASTCALL,
      "_front(st, engine, result, pre, post): bind what the C start and wait use."},
+    {"_program", (PyCFunction)(void (*)(void))Persist_program, METH_FASTCALL,
+     "_program(xr, finish, ran): run a compiled schedule's starts and waits in C (None: not)."},
     {"start", (PyCFunction)Persist_start, METH_NOARGS, "Start the collective (MPI_Start)."},
     {"Start", (PyCFunction)Persist_start, METH_NOARGS, "start(), mpi4py's spelling."},
     {"wait", (PyCFunction)Persist_wait, METH_NOARGS, "Wait for the run and return the result."},
@@ -3064,13 +3551,15 @@ static PyObject *init(const char *name) {
     module.m_name = name;
     if (PyType_Ready(&CallType) < 0 || PyType_Ready(&ReqType) < 0 || PyType_Ready(&DoorType) < 0
         || PyType_Ready(&MethodDoorType) < 0 || PyType_Ready(&PersistType) < 0
-        || PyType_Ready(&GateType) < 0 || PyType_Ready(&RCoreType) < 0 || PyType_Ready(&MutexType) < 0)
+        || PyType_Ready(&GateType) < 0 || PyType_Ready(&RCoreType) < 0 || PyType_Ready(&MutexType) < 0
+        || PyType_Ready(&XRunType) < 0)
         return NULL;
     static const struct { PyObject **s; const char *text; } names[] = {
         {&s_freed, "freed"}, {&s_seq, "seq"}, {&s_acquire, "acquire"}, {&s_release, "release"},
         {&s_running, "_running_callbacks"}, {&s_busy, "busy"}, {&s_numbers, "_numbers"}, {&s_env, "env"},
         {&s_env_keys, "env_keys"}, {&s_mode, "mode"}, {&s_tag_span, "tag_span"}, {&s_active, "active"},
-        {&s_stepper, "stepper"}, {&s_live_, "_live"}, {&s_Wait, "Wait"}, {&s_comm, "comm"}, {&s_out, "out"}, {&s_algorithm, "algorithm"},
+        {&s_stepper, "stepper"}, {&s_live_, "_live"}, {&s_thread, "thread"},
+        {&s_list_native, "list_native"}, {&s_Wait, "Wait"}, {&s_comm, "comm"}, {&s_out, "out"}, {&s_algorithm, "algorithm"},
         {&s_op, "op"}, {&s_root, "root"}, {&s_handle, "handle"}, {&s_plans, "plans"}, {&s_d_, "_d"},
         {&s_fast, "fast"}, {&s_move_to_end, "move_to_end"}, {&s_sum, "sum"}, {&s_auto, "auto"},
         {&s_calls_, "_calls"}, {&s_fast_ops_, "_FAST_OPS"}, {&s_size, "size"}, {&s_rank, "rank"}, {&s__start, "_start"},
@@ -3102,7 +3591,8 @@ static PyObject *init(const char *name) {
     if (PyModule_AddType(m, &CallType) < 0 || PyModule_AddType(m, &DoorType) < 0
         || PyModule_AddType(m, &MethodDoorType) < 0 || PyModule_AddType(m, &PersistType) < 0
         || PyModule_AddType(m, &ReqType) < 0 || PyModule_AddType(m, &GateType) < 0
-        || PyModule_AddType(m, &RCoreType) < 0 || PyModule_AddType(m, &MutexType) < 0) {
+        || PyModule_AddType(m, &RCoreType) < 0 || PyModule_AddType(m, &MutexType) < 0
+        || PyModule_AddType(m, &XRunType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

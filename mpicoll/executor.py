@@ -233,6 +233,15 @@ class Executable:
                      self.handle, self.prog.nbytes, self, kit)
         self.gated = call
 
+    def xrun_args(self, kit) -> tuple:
+        """What csrc/native.c's XRun takes to run this program on ``kit``
+        (bound): the addresses run() and post() pass to the executor, the
+        owner of what they point into (self and the kit) last but one."""
+        return (_XRUN, _address(kit.state), _address(self.steps), self.nsteps, _address(self.lists),
+                None if kit.ptrs == ffi.NULL else _address(kit.ptrs), _address(kit.info), self.op, self.dtype,
+                self.handle, _address(kit.c_buf), None if kit.c_src == ffi.NULL else _address(kit.c_src),
+                (self, kit))
+
     def gated_failed(self, buf, src, rc, tag, seq):
         """The gated Call's run on (buf, src) ended with executor status
         ``rc``: raise what run() would have (csrc/native.c calls this)."""

@@ -57,6 +57,9 @@ def steps(*fs) -> tuple:
     return tuple(out)
 
 _Front = _nat.PersistFront if _nat is not None else _PyFront
+# The completed request a program's run that its C start finished stands as
+# (the C front's ``_req`` until wait(); test() and wait() of it return at once).
+_RAN = engine.Request.completed(None)
 
 class Persistent(_Front):
     """A persistent collective (MPI-4 ``MPI_Allreduce_init`` semantics).
@@ -110,6 +113,39 @@ class Persistent(_Front):
                 self._kit = self._new_kit()
             except _program.NotCompilable:
                 pass
+            else:
+                self._bind_program()
+
+    def _bind_program(self) -> None:
+        """Let the C front (csrc/native.c) run this program's starts and
+        waits: an XRun over the kit, the plan's inputs and finish as steps.
+        Not with a timeout (Python's start sets the deadline)."""
+        plan = self._plan
+        if _nat is None or plan.timeout is not None:
+            return
+        self._front(plan.st, engine, plan.result, steps(plan.stage, plan.prologue), steps(plan.finish))
+        xr = _nat.XRun(*self._exe.xrun_args(self._kit), self._xfailed)
+        self._program(xr, plan.finish, _RAN)
+
+    def _xfailed(self, rc, tag, seq) -> BaseException:
+        """The C front's run ended with executor error ``rc`` (XRun calls
+        this): its kit stays with the library (the messages it posted may
+        still land), the C path is off until the next start makes a new kit,
+        and the error is returned for the run to raise."""
+        kit = self._kit
+        kit.dead = True
+        engine._abandoned.append(kit)
+        self._program(None, None, None)
+        return self._exe.error(rc, kit.info, tag, seq)
+
+    def _xstarted(self, rc, tag, seq):
+        """The C start's first pass ended with executor error ``rc``: the
+        request Python's start makes of it (it records the error, raised by
+        wait(), and abandons the kit); the C path is off until the next
+        start makes a new kit."""
+        self._program(None, None, None)
+        plan = self._plan
+        return self._exe.started(self._kit, rc, tag, seq, plan.result, plan.finish, None, plan.nbytes)
 
     def _new_kit(self):
         """The executor's kit for this request's runs, bound to its buffers
@@ -165,6 +201,7 @@ class Persistent(_Front):
                 kit = self._kit
                 if kit.dead:  # the last run failed: its kit stays with the library
                     kit = self._kit = self._new_kit()
+                    self._bind_program()  # (the C front again, from the next start)
                 exe = self._exe
                 self._req = exe.started(kit, exe.post(kit, tag), tag, seq, plan.result, plan.finish, None,
                                         plan.nbytes)

@@ -1038,3 +1038,106 @@ def test_gated_doors_in_c_serve_the_usual_calls_and_hand_on_the_rest(comm, monke
         mpicoll.bcast()
     assert mpicoll.allreduce.fallbacks == before[0] + 4 and mpicoll.bcast.fallbacks == before[2] + 1
     comm.Barrier()
+
+
+@pytest.mark.parametrize("dtype,op", [(np.float64, "sum"), (np.int32, "max"), (np.float32, "avg")])
+def test_persistent_programs_start_and_wait_in_c(comm, monkeypatch, dtype, op):
+    """A persistent all-reduce of every compilable algorithm, in place and
+    not, a count no rank count divides: every run starts and waits in the
+    C front (csrc/native.c XRun: no run reaches Python's _start/_wait, one
+    call number each), the input rewritten between runs, and gives mpi4py's
+    MPI_Allreduce's result; test() and calling the request mixed in."""
+    from mpicoll import executor, persistent
+    if comm.size == 1 or not executor.enabled():
+        pytest.skip("one rank, or no executor: no program to run")
+    p, r = comm.size, comm.rank
+    mop = {"sum": MPI.SUM, "max": MPI.MAX, "avg": MPI.SUM}[op]
+    n = 2 * p + 3
+    python = []
+    for name in ("_start", "_wait"):
+        f = getattr(persistent.Persistent, name)
+        monkeypatch.setattr(persistent.Persistent, name, lambda self, f=f, name=name: python.append(name) or f(self))
+    st = state(comm)
+    for name in _compiled_algorithms():
+        for inplace in (False, True):
+            x = np.zeros(n, dtype)
+            pq = mpicoll.allreduce_init(x, op, comm=comm, out=x if inplace else None, algorithm=name)
+            assert pq._xr is not None, (name, "the C front did not engage")
+            for i in range(6):
+                x[:] = (np.arange(n) + i) * (r + 1) - 3 * r
+                want = np.empty_like(x)
+                comm.Allreduce(x, want, op=mop)
+                if op == "avg":
+                    want = want / dtype(p)
+                before = st.seq
+                if i % 3 == 0:
+                    pq.start()
+                    got = pq.wait()
+                elif i % 3 == 1:
+                    got = pq()
+                else:
+                    pq.start()
+                    while not pq.test():
+                        pass
+                    got = pq.result
+                assert st.seq == before + 1
+                assert np.array_equal(got, want), (name, inplace, i, got, want)
+            assert python == [] or python == ["_wait"] * len(python), python  # (test() hands a run to Python)
+            del python[:]
+            pq.free()
+    comm.Barrier()
+
+
+def test_persistent_program_runs_are_driven_by_other_waits(comm):
+    """A persistent run left pending by its start is in the engine's list,
+    so another request's wait() on this rank advances it: rank 0 waits for
+    a second collective before its persistent run while the other ranks
+    wait for the run first (the same order of starts on every rank; with the
+    run left to its own wait() rank 0 would never send its later steps);
+    another request in flight at wait() hands the run to Python, and a run
+    whose executor fails raises on every rank and the next run works."""
+    from mpicoll import engine, executor
+    from mpicoll.errors import MismatchError
+    if comm.size == 1 or not executor.enabled():
+        pytest.skip("one rank, or no executor: no program to run")
+    p, r = comm.size, comm.rank
+    x = np.full(5, r + 1.0)
+    pq = mpicoll.allreduce_init(x, comm=comm, algorithm="ring")
+    assert pq._xr is not None
+    for i in range(10):
+        pq.start()
+        if r == 0:
+            req = mpicoll.iallreduce(np.full(3, 1.0), comm=comm, algorithm="ring")
+            assert (req.wait() == p).all()
+            got = pq.wait()
+        else:
+            got = pq.wait()
+            req = mpicoll.iallreduce(np.full(3, 1.0), comm=comm, algorithm="ring")
+            assert (req.wait() == p).all()
+        assert (got == p * (p + 1) / 2).all(), (i, got)
+    # another request in flight when wait() is called: driven together
+    other = comm.Dup()
+    try:
+        big = mpicoll.iallreduce(np.ones(100_000), comm=other, algorithm="ring")
+        pq.start()
+        assert (pq.wait() == p * (p + 1) / 2).all()
+        assert (big.wait() == p).all()
+    finally:
+        other.Free()
+    pq.free()
+    # a run whose sizes differ across ranks: the executor's check fails in C
+    if p == 2:
+        y = np.ones(4, np.float32) if r == 0 else np.ones(4, np.float64)
+        bad = mpicoll.allreduce_init(y, comm=comm, algorithm="recursive_doubling")
+        assert bad._xr is not None
+        abandoned = len(engine._abandoned)
+        with pytest.raises((MismatchError, MPI.Exception)):
+            bad()
+        assert len(engine._abandoned) == abandoned + 1 and bad._xr is None
+        bad.free()
+        comm.Barrier()
+        good = mpicoll.allreduce_init(np.ones(4), comm=comm, algorithm="recursive_doubling")
+        for _ in range(3):
+            assert (good() == 2).all()
+        good.free()
+    comm.Barrier()

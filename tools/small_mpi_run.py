@@ -88,6 +88,18 @@ for _ in range(3):  # (the third all-reduce runs whole in C: KeptAllreduce.fast)
         pq.start()
         pq.wait()
         pq.free()
+# persistent runs of compiled schedules: their start and wait in C too
+# (native.c XRun), with avg's finish, in place, and test() handing a run on
+for algorithm in ("ring", "recursive_doubling", "rabenseifner", "tree", "knomial"):
+    for op, inplace in (("sum", False), ("avg", True)):
+        v = np.arange(p + 3, dtype=np.float32) + rank
+        pq = mpicoll.allreduce_init(v, op=op, comm=comm, algorithm=algorithm, out=v if inplace else None)
+        for _ in range(3):
+            pq()
+        pq.start()
+        while not pq.test():
+            pass
+        pq.free()
 drop = mpicoll.Comm(comm)
 send, recv = np.arange(1001, dtype=np.float64) + rank, np.empty(1001)
 for _ in range(4):  # (from the third call the doors in C serve them: native.c Door/MethodDoor)
