@@ -1141,3 +1141,50 @@ def test_persistent_program_runs_are_driven_by_other_waits(comm):
             assert (good() == 2).all()
         good.free()
     comm.Barrier()
+
+
+def test_long_native_requests_progress_on_the_c_thread(comm):
+    """A library I-call of NATIVE_BG_MIN_BYTES or more is handed to
+    csrc/native.c's C progress thread (Req.background): it is not in the
+    engine's list, the thread tests it while the caller does something
+    else (its test count grows), and wait(), test() and a done-callback
+    each end it with mpi4py's result; the communicator's state is held
+    until then."""
+    import time
+    from mpicoll import engine
+    if comm.size == 1 or not engine._engine.use_thread():
+        pytest.skip("one rank, or no MPI_THREAD_MULTIPLE / progress thread")
+    p, r = comm.size, comm.rank
+    n = engine.NATIVE_BG_MIN_BYTES // 8 + 3
+    x = np.arange(n, dtype=np.float64) + r
+    want = np.empty_like(x)
+    comm.Allreduce(x, want)
+    st = state(comm)
+    for how in ("wait", "test", "callback"):
+        st.plans.clear()
+        for i in range(3):  # (the first call through mpi4py; then kept, started in C from the third)
+            tests0 = native.module().background_stats()[0]
+            held = st.pending
+            req = mpicoll.iallreduce(x, comm=comm, algorithm="mpi")
+            ours = type(req._mpi) is native.module().Req
+            assert ours or i == 0, (how, i)
+            assert not ours or (req._mpi.background() and not req._listed and st.pending == held + 1), (how, i)
+            seen = []
+            if how == "callback":
+                req.add_done_callback(lambda q: seen.append(np.array(q.result)))
+            time.sleep(0.02)  # "compute": the C thread tests meanwhile
+            if how == "test":
+                while not req.test():
+                    pass
+                got = req.result
+            else:
+                got = req.wait()
+            assert np.array_equal(got, want), (how, i)
+            if ours:
+                assert native.module().background_stats()[0] > tests0, (how, i)
+                assert not req._mpi.background()  # (completed: nothing to hand)
+            assert st.pending == held
+            if how == "callback":
+                assert len(seen) == 1 and np.array_equal(seen[0], want)
+    assert native.module().background_stats()[1] == 0
+    comm.Barrier()

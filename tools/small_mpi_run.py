@@ -11,7 +11,10 @@ Run by ``make sanitize`` under valgrind (and under ASan) at p = 2:
 
     mpiexec -n 2 valgrind ... python -m mpi4py tools/small_mpi_run.py
 """
+import time
+
 import numpy as np
+
 from mpi4py import MPI
 
 import mpicoll
@@ -88,6 +91,12 @@ for _ in range(3):  # (the third all-reduce runs whole in C: KeptAllreduce.fast)
         pq.start()
         pq.wait()
         pq.free()
+# long library I-calls: tested by native.c's C progress thread meanwhile
+big = np.ones((1 << 20) // 8 + 5) * (rank + 1)
+for _ in range(3):
+    req = mpicoll.iallreduce(big, comm=comm, algorithm="mpi")
+    time.sleep(0.005)
+    assert (req.wait() == p * (p + 1) / 2).all()
 # persistent runs of compiled schedules: their start and wait in C too
 # (native.c XRun), with avg's finish, in place, and test() handing a run on
 for algorithm in ("ring", "recursive_doubling", "rabenseifner", "tree", "knomial"):
