@@ -690,8 +690,18 @@ static PyObject *Req_Test(Req *self, PyObject *unused) {
         Py_RETURN_TRUE;
     if (self->inside) /* another thread is in Wait(): it completes it */
         Py_RETURN_FALSE;
-    if (self->bg) { /* the C thread tests it: its answer */
+    if (self->bg) { /* the C thread tests it too: a test of ours, under its lock */
         int rc;
+        pthread_mutex_lock(&bg_mu);
+        if (!self->bg_done) {
+            int flag = 0;
+            rc = MPI_Test(&self->req, &flag, MPI_STATUS_IGNORE);
+            if (rc != MPI_SUCCESS || flag) {
+                self->bg_rc = rc;
+                self->bg_done = 1;
+            }
+        }
+        pthread_mutex_unlock(&bg_mu);
         if (!bg_peek(self, &rc))
             Py_RETURN_FALSE;
         bg_take(self, &rc);

@@ -838,16 +838,19 @@ def finish_claimed(req: Request, settle, outcome) -> None:
 # 4 MiB 3 % longer, for 0 -> 59-60 % overlap (compute + comm 28 % shorter).
 NATIVE_LIST_MIN_BYTES = 4 << 20
 
-# From this many bytes a native request of csrc/native.c (the library's
-# I-call made in C) is handed to that module's C progress thread instead
-# (Req.background): it tests the request every 10 us without the GIL, so the
-# library moves the message while the caller computes, pure Python
-# included, and nobody hands the GIL over. Measured at p = 2 on 2 cores
-# (make bench-overlap, algorithm mpi): overlap at 1 MiB 0 % -> 45-50 % with
-# numpy or pure-Python compute, at 4 MiB 23-28 % (numpy, the Python thread)
-# and 0 % (pure Python) -> 25-70 %; a wait() right after the start pays
-# ~20 % for the thread's wake-up and tests (1 MiB: 189 -> 228 us), hence
-# not below 1 MiB.
+# From this many bytes (up to NATIVE_LIST_MIN_BYTES) a native request of
+# csrc/native.c (the library's I-call made in C) is handed to that module's
+# C progress thread (Req.background): it tests the request every 10 us
+# without the GIL, so the library moves the message while the caller
+# computes, pure Python included, where before nothing moved it until
+# wait(). Measured at p = 2 on 2 cores (make bench-overlap, algorithm mpi,
+# three runs each, overlap %): 1 MiB 0/0/12 -> 13-45 with numpy compute,
+# 0/0/12 -> 9-47 with pure-Python compute; a wait() right after the start
+# pays the thread's wake-up and tests (1 MiB: 0.17 -> 0.21 ms). From
+# NATIVE_LIST_MIN_BYTES the Python progress thread's listing stays: with
+# the C thread as well, numpy compute overlapped less there (16 MiB
+# 56-66 % -> 28-51 %; two threads and two ranks on two cores), pure Python
+# more (0-20 % -> 29-49 %).
 NATIVE_BG_MIN_BYTES = 1 << 20
 _native_req = _native_mod.Req if _native_mod is not None else None
 
@@ -859,8 +862,8 @@ def start_native(mpi_req, result=None, finish=None, nbytes: int = WAKE_MIN_BYTES
     ``keep`` (what holds its buffers) is held until then. Listed at once
     with a deadline, or when it is long (see NativeRequest)."""
     req = NativeRequest(mpi_req, result, finish, deadline, st, expired, keep)
-    if (deadline is None and nbytes >= NATIVE_BG_MIN_BYTES and type(mpi_req) is _native_req
-            and _engine.use_thread() and mpi_req.background()):
+    if (deadline is None and NATIVE_BG_MIN_BYTES <= nbytes < NATIVE_LIST_MIN_BYTES
+            and type(mpi_req) is _native_req and _engine.use_thread() and mpi_req.background()):
         # csrc/native.c's own thread tests it while the caller computes,
         # without the GIL (see NATIVE_BG_MIN_BYTES); wait() finds it
         # complete, or waits for the rest in MPI_Wait.
