@@ -1064,163 +1064,38 @@ static PyObject *Call_gate(Call *self, PyObject *const *args, Py_ssize_t nargs) 
     Py_RETURN_NONE;
 }
 
-/* ---- the one-thread gate of a communicator (CommState.busy) -----------------
+/* ---- mpicoll's locks: the communicators' gates and the engine's lock --------
  *
- * runtime.enter and every fast path take the communicator's gate with a
- * non-blocking acquire and give it back after the call. As a
- * threading.Lock, each pass was two Python calls from C (~0.15 us of a
- * 2 us call: acquire parses its arguments as keywords). Gate is that lock
- * for mpicoll's use: a flag read and written only with the GIL held (every
- * acquire and release of it is), so taking it is one test and one store
- * in C (gate_take/gate_give) and the Python methods keep threading.Lock's
- * meaning - acquire(blocking=True, timeout=-1) -> bool, release(),
- * locked(), a context manager. A blocking acquire waits with the GIL
- * released, polling. */
+ * Both have threading.Lock's meaning in Python - acquire(blocking=True,
+ * timeout=-1) -> bool, release(), locked(), a context manager, usable by
+ * threading.Condition - and are taken and given from C without a Python
+ * call (threading.Lock.acquire parses its arguments as keywords: ~0.1 us a
+ * call from C, four per short I-call's wait, two per gated call).
+ *   - ``Lock(gate=True)``: a communicator's one-thread gate
+ *     (CommState.busy), which runtime.enter and every fast path take with
+ *     a non-blocking acquire: a flag read and written only with the GIL
+ *     held, so taking it is one test and one store (gate_take/gate_give);
+ *     a blocking acquire polls with the GIL released.
+ *   - ``Lock()``: the engine's lock (engine._Engine.lock), held by the
+ *     progress thread across Python code: the interpreter's own lock
+ *     (PyThread_type_lock); a blocking acquire waits with the GIL released
+ *     and runs signal handlers when interrupted, as threading.Lock's does. */
 typedef struct {
     PyObject_HEAD
-    int held;
-} Gate;
-
-static PyTypeObject GateType;
-
-/* 1: taken, 0: held by someone, -1: an error (busy is some other lock). */
-static int gate_take(PyObject *busy) {
-    if (Py_TYPE(busy) == &GateType) {
-        Gate *g = (Gate *)busy;
-        if (g->held)
-            return 0;
-        g->held = 1;
-        return 1;
-    }
-    PyObject *got = PyObject_CallMethodOneArg(busy, s_acquire, Py_False);
-    if (got == NULL)
-        return -1;
-    int r = got == Py_True;
-    Py_DECREF(got);
-    return r;
-}
-
-/* 0, or -1 with an error. */
-static int gate_give(PyObject *busy) {
-    if (Py_TYPE(busy) == &GateType) {
-        ((Gate *)busy)->held = 0;
-        return 0;
-    }
-    PyObject *r = PyObject_CallMethodNoArgs(busy, s_release);
-    Py_XDECREF(r);
-    return r == NULL ? -1 : 0;
-}
-
-static PyObject *Gate_acquire(Gate *self, PyObject *args, PyObject *kw) {
-    static char *names[] = {"blocking", "timeout", NULL};
-    int blocking = 1;
-    double timeout = -1;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|pd:acquire", names, &blocking, &timeout))
-        return NULL;
-    if (!self->held) {
-        self->held = 1;
-        Py_RETURN_TRUE;
-    }
-    if (!blocking) {
-        if (timeout != -1) {
-            PyErr_SetString(PyExc_ValueError, "can't specify a timeout for a non-blocking call");
-            return NULL;
-        }
-        Py_RETURN_FALSE;
-    }
-    if (timeout < 0 && timeout != -1) {
-        PyErr_SetString(PyExc_ValueError, "timeout value must be a non-negative number");
-        return NULL;
-    }
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    double end = (double)now.tv_sec + now.tv_nsec * 1e-9 + timeout;
-    while (self->held) {
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        if (timeout >= 0 && (double)now.tv_sec + now.tv_nsec * 1e-9 >= end)
-            Py_RETURN_FALSE;
-        Py_BEGIN_ALLOW_THREADS
-        struct timespec ts = {0, 50000};
-        nanosleep(&ts, NULL);
-        Py_END_ALLOW_THREADS
-        if (PyErr_CheckSignals() < 0)
-            return NULL;
-    }
-    self->held = 1;
-    Py_RETURN_TRUE;
-}
-
-static PyObject *Gate_release(Gate *self, PyObject *unused) {
-    (void)unused;
-    if (!self->held) {
-        PyErr_SetString(PyExc_RuntimeError, "release unlocked lock");
-        return NULL;
-    }
-    self->held = 0;
-    Py_RETURN_NONE;
-}
-
-static PyObject *Gate_locked(Gate *self, PyObject *unused) {
-    (void)unused;
-    return PyBool_FromLong(self->held);
-}
-
-static PyObject *Gate_exit(Gate *self, PyObject *args) {
-    (void)args;
-    return Gate_release(self, NULL);
-}
-
-static PyMethodDef Gate_methods[] = {
-    {"acquire", (PyCFunction)(void (*)(void))Gate_acquire, METH_VARARGS | METH_KEYWORDS,
-     "acquire(blocking=True, timeout=-1) -> bool, as threading.Lock's."},
-    {"release", (PyCFunction)Gate_release, METH_NOARGS, "release(): give the gate back."},
-    {"locked", (PyCFunction)Gate_locked, METH_NOARGS, "locked() -> bool"},
-    {"__enter__", (PyCFunction)(void (*)(void))Gate_acquire, METH_VARARGS | METH_KEYWORDS, "acquire()"},
-    {"__exit__", (PyCFunction)Gate_exit, METH_VARARGS, "release()"},
-    {NULL, NULL, 0, NULL}};
-
-static PyObject *Gate_repr(Gate *self) {
-    return PyUnicode_FromFormat("<mpicoll gate %s>", self->held ? "held" : "free");
-}
-
-static PyTypeObject GateType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "mpicoll.native.Gate",
-    .tp_basicsize = sizeof(Gate),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "A communicator's one-thread gate: threading.Lock's methods, taken from C in one step (see "
-              "csrc/native.c).",
-    .tp_new = PyType_GenericNew,
-    .tp_methods = Gate_methods,
-    .tp_repr = (reprfunc)Gate_repr,
-};
-
-/* ---- the engine's lock (engine._Engine.lock) ---------------------------------
- *
- * threading.Lock's meaning - acquire(blocking=True, timeout=-1) -> bool,
- * release(), locked(), a context manager, usable by threading.Condition -
- * over the interpreter's own lock (PyThread_type_lock), so that the C wait
- * below takes and gives it in a C call each (mutex_take/mutex_give)
- * instead of calling the Lock's methods: four such calls were ~0.15 us of
- * a 4 us short I-call (threading.Lock.acquire parses its arguments as
- * keywords). A blocking acquire waits with the GIL released and runs
- * signal handlers when interrupted, as threading.Lock's does. */
-typedef struct {
-    PyObject_HEAD
-    PyThread_type_lock lock;
+    PyThread_type_lock lock; /* NULL: a gate */
     char held;
-} Mutex;
+} Lock;
 
-static PyTypeObject MutexType;
+static PyTypeObject LockType;
 
-static PyObject *Mutex_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
-    if ((args != NULL && PyTuple_GET_SIZE(args) > 0) || (kw != NULL && PyDict_GET_SIZE(kw) > 0)) {
-        PyErr_SetString(PyExc_TypeError, "mpicoll native: Mutex() takes no arguments");
+static PyObject *Lock_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    static char *names[] = {"gate", NULL};
+    int gate = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$p:Lock", names, &gate))
         return NULL;
-    }
-    Mutex *m = (Mutex *)type->tp_alloc(type, 0);
-    if (m == NULL)
-        return NULL;
+    Lock *m = (Lock *)type->tp_alloc(type, 0);
+    if (m == NULL || gate)
+        return (PyObject *)m;
     m->lock = PyThread_allocate_lock();
     if (m->lock == NULL) {
         Py_DECREF(m);
@@ -1230,7 +1105,7 @@ static PyObject *Mutex_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     return (PyObject *)m;
 }
 
-static void Mutex_dealloc(Mutex *m) {
+static void Lock_dealloc(Lock *m) {
     if (m->lock != NULL) {
         if (m->held)
             PyThread_release_lock(m->lock);
@@ -1245,26 +1120,44 @@ static double mono_now(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* Take the lock now if it is free: 1 taken, 0 not. */
+static int lock_try(Lock *m) {
+    if (m->lock == NULL) {
+        if (m->held)
+            return 0;
+    } else if (PyThread_acquire_lock_timed(m->lock, 0, 0) != PY_LOCK_ACQUIRED)
+        return 0;
+    m->held = 1;
+    return 1;
+}
+
 /* Take the lock, waiting up to ``timeout`` seconds (< 0: for good; 0: not
- * at all). 1 taken, 0 not, -1 a signal handler raised. */
-static int mutex_take(Mutex *m, double timeout) {
-    if (PyThread_acquire_lock_timed(m->lock, 0, 0) == PY_LOCK_ACQUIRED) {
-        m->held = 1;
+ * at all), the GIL released meanwhile. 1 taken, 0 not, -1 a signal
+ * handler raised. */
+static int lock_wait(Lock *m, double timeout) {
+    if (lock_try(m))
         return 1;
-    }
     if (timeout == 0)
         return 0;
     double until = timeout > 0 ? mono_now() + timeout : 0;
     for (;;) {
-        PY_TIMEOUT_T us = -1;
-        if (timeout > 0) {
-            double left = until - mono_now();
-            if (left <= 0)
-                return 0;
-            us = (PY_TIMEOUT_T)(left * 1e6);
-            if (us > PY_TIMEOUT_MAX)
-                us = PY_TIMEOUT_MAX;
+        double left = timeout > 0 ? until - mono_now() : -1;
+        if (timeout > 0 && left <= 0)
+            return 0;
+        if (m->lock == NULL) { /* a gate: poll */
+            Py_BEGIN_ALLOW_THREADS
+            struct timespec ts = {0, 50000};
+            nanosleep(&ts, NULL);
+            Py_END_ALLOW_THREADS
+            if (PyErr_CheckSignals() < 0)
+                return -1;
+            if (lock_try(m))
+                return 1;
+            continue;
         }
+        PY_TIMEOUT_T us = left < 0 ? -1 : (PY_TIMEOUT_T)(left * 1e6);
+        if (us > PY_TIMEOUT_MAX)
+            us = PY_TIMEOUT_MAX;
         PyLockStatus r;
         Py_BEGIN_ALLOW_THREADS
         r = PyThread_acquire_lock_timed(m->lock, us, 1);
@@ -1280,17 +1173,40 @@ static int mutex_take(Mutex *m, double timeout) {
     }
 }
 
-static int mutex_give(Mutex *m) {
+static int lock_release(Lock *m) {
     if (!m->held) {
         PyErr_SetString(PyExc_RuntimeError, "release unlocked lock");
         return -1;
     }
     m->held = 0;
-    PyThread_release_lock(m->lock);
+    if (m->lock != NULL)
+        PyThread_release_lock(m->lock);
     return 0;
 }
 
-static PyObject *Mutex_acquire(Mutex *m, PyObject *args, PyObject *kw) {
+/* A communicator's gate (CommState.busy, a gate Lock or, where the module
+ * is off, a threading.Lock): 1 taken, 0 held by someone, -1 an error. */
+static int gate_take(PyObject *busy) {
+    if (Py_TYPE(busy) == &LockType)
+        return lock_try((Lock *)busy);
+    PyObject *got = PyObject_CallMethodOneArg(busy, s_acquire, Py_False);
+    if (got == NULL)
+        return -1;
+    int r = got == Py_True;
+    Py_DECREF(got);
+    return r;
+}
+
+/* 0, or -1 with an error. */
+static int gate_give(PyObject *busy) {
+    if (Py_TYPE(busy) == &LockType)
+        return lock_release((Lock *)busy);
+    PyObject *r = PyObject_CallMethodNoArgs(busy, s_release);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
+static PyObject *Lock_acquire(Lock *m, PyObject *args, PyObject *kw) {
     static char *names[] = {"blocking", "timeout", NULL};
     int blocking = 1;
     double timeout = -1;
@@ -1305,52 +1221,54 @@ static PyObject *Mutex_acquire(Mutex *m, PyObject *args, PyObject *kw) {
         PyErr_SetString(PyExc_ValueError, "timeout value must be a non-negative number");
         return NULL;
     }
-    int r = mutex_take(m, blocking ? timeout : 0);
+    int r = lock_wait(m, blocking ? timeout : 0);
     if (r < 0)
         return NULL;
     return PyBool_FromLong(r);
 }
 
-static PyObject *Mutex_release(Mutex *m, PyObject *unused) {
+static PyObject *Lock_release(Lock *m, PyObject *unused) {
     (void)unused;
-    if (mutex_give(m) < 0)
+    if (lock_release(m) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
 
-static PyObject *Mutex_locked(Mutex *m, PyObject *unused) {
+static PyObject *Lock_locked(Lock *m, PyObject *unused) {
     (void)unused;
     return PyBool_FromLong(m->held);
 }
 
-static PyObject *Mutex_exit(Mutex *m, PyObject *args) {
+static PyObject *Lock_exit(Lock *m, PyObject *args) {
     (void)args;
-    return Mutex_release(m, NULL);
+    return Lock_release(m, NULL);
 }
 
-static PyMethodDef Mutex_methods[] = {
-    {"acquire", (PyCFunction)(void (*)(void))Mutex_acquire, METH_VARARGS | METH_KEYWORDS,
+static PyMethodDef Lock_methods[] = {
+    {"acquire", (PyCFunction)(void (*)(void))Lock_acquire, METH_VARARGS | METH_KEYWORDS,
      "acquire(blocking=True, timeout=-1) -> bool, as threading.Lock's."},
-    {"release", (PyCFunction)Mutex_release, METH_NOARGS, "release()"},
-    {"locked", (PyCFunction)Mutex_locked, METH_NOARGS, "locked() -> bool"},
-    {"__enter__", (PyCFunction)(void (*)(void))Mutex_acquire, METH_VARARGS | METH_KEYWORDS, "acquire()"},
-    {"__exit__", (PyCFunction)Mutex_exit, METH_VARARGS, "release()"},
+    {"release", (PyCFunction)Lock_release, METH_NOARGS, "release()"},
+    {"locked", (PyCFunction)Lock_locked, METH_NOARGS, "locked() -> bool"},
+    {"__enter__", (PyCFunction)(void (*)(void))Lock_acquire, METH_VARARGS | METH_KEYWORDS, "acquire()"},
+    {"__exit__", (PyCFunction)Lock_exit, METH_VARARGS, "release()"},
     {NULL, NULL, 0, NULL}};
 
-static PyObject *Mutex_repr(Mutex *m) {
-    return PyUnicode_FromFormat("<mpicoll.native.Mutex %s>", m->held ? "locked" : "unlocked");
+static PyObject *Lock_repr(Lock *m) {
+    return PyUnicode_FromFormat("<mpicoll.native.Lock %s%s>", m->lock == NULL ? "(gate) " : "",
+                                m->held ? "locked" : "unlocked");
 }
 
-static PyTypeObject MutexType = {
+static PyTypeObject LockType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "mpicoll.native.Mutex",
-    .tp_basicsize = sizeof(Mutex),
+    .tp_name = "mpicoll.native.Lock",
+    .tp_basicsize = sizeof(Lock),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "threading.Lock's meaning, taken and given from C too (the engine's lock; see csrc/native.c).",
-    .tp_new = Mutex_new,
-    .tp_dealloc = (destructor)Mutex_dealloc,
-    .tp_methods = Mutex_methods,
-    .tp_repr = (reprfunc)Mutex_repr,
+    .tp_doc = "threading.Lock's meaning, taken and given from C too: Lock(gate=True) a communicator's gate, "
+              "Lock() the engine's lock (see csrc/native.c).",
+    .tp_new = Lock_new,
+    .tp_dealloc = (destructor)Lock_dealloc,
+    .tp_methods = Lock_methods,
+    .tp_repr = (reprfunc)Lock_repr,
 };
 
 /* ---- the engine's NativeRequest, made and waited for from C ----------------
@@ -1470,9 +1388,9 @@ static PyObject *bind(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
     PyObject *lock = PyObject_GetAttrString(args[0], "lock");
     if (lock == NULL)
         return NULL;
-    if (Py_TYPE(lock) != &MutexType) {
+    if (Py_TYPE(lock) != &LockType || ((Lock *)lock)->lock == NULL) {
         Py_DECREF(lock);
-        PyErr_SetString(PyExc_TypeError, "mpicoll native: bind() takes an engine whose lock is a native Mutex");
+        PyErr_SetString(PyExc_TypeError, "mpicoll native: bind() takes an engine whose lock is a native Lock()");
         return NULL;
     }
     Py_XSETREF(E_lock, lock);
@@ -1496,11 +1414,11 @@ static int attr_is(PyObject *obj, PyObject *name, PyObject *value) {
 }
 
 static int lock_take(void) {
-    return mutex_take((Mutex *)E_lock, -1) == 1 ? 0 : -1;
+    return lock_wait((Lock *)E_lock, -1) == 1 ? 0 : -1;
 }
 
 static int lock_give(void) {
-    return mutex_give((Mutex *)E_lock);
+    return lock_release((Lock *)E_lock);
 }
 
 /* A new NativeRequest for a started Req (start_native's short case), the
@@ -3755,7 +3673,7 @@ static PyObject *init(const char *name) {
     module.m_name = name;
     if (PyType_Ready(&CallType) < 0 || PyType_Ready(&ReqType) < 0 || PyType_Ready(&DoorType) < 0
         || PyType_Ready(&MethodDoorType) < 0 || PyType_Ready(&PersistType) < 0
-        || PyType_Ready(&GateType) < 0 || PyType_Ready(&RCoreType) < 0 || PyType_Ready(&MutexType) < 0
+        || PyType_Ready(&LockType) < 0 || PyType_Ready(&RCoreType) < 0
         || PyType_Ready(&XRunType) < 0)
         return NULL;
     static const struct { PyObject **s; const char *text; } names[] = {
@@ -3794,8 +3712,8 @@ static PyObject *init(const char *name) {
         return NULL;
     if (PyModule_AddType(m, &CallType) < 0 || PyModule_AddType(m, &DoorType) < 0
         || PyModule_AddType(m, &MethodDoorType) < 0 || PyModule_AddType(m, &PersistType) < 0
-        || PyModule_AddType(m, &ReqType) < 0 || PyModule_AddType(m, &GateType) < 0
-        || PyModule_AddType(m, &RCoreType) < 0 || PyModule_AddType(m, &MutexType) < 0
+        || PyModule_AddType(m, &ReqType) < 0 || PyModule_AddType(m, &LockType) < 0
+        || PyModule_AddType(m, &RCoreType) < 0
         || PyModule_AddType(m, &XRunType) < 0) {
         Py_DECREF(m);
         return NULL;

@@ -122,7 +122,7 @@ class CommState:
         # Held while a thread runs or starts a collective on this communicator
         # (runtime.enter): a second thread arriving meanwhile gets a clear error
         # instead of sharing the scratch and the call sequence (wrong sums).
-        # (csrc/native.c's Gate where the module is built and on: a lock the
+        # (csrc/native.c's Lock(gate=True) where the module is built and on: a lock the
         # C fast paths take in one step; else a threading.Lock)
         self.busy = _new_gate()
         # MPI guarantees tags up to 32767; tag 0 stays free for nothing in particular.
@@ -227,12 +227,12 @@ _abandoned = []
 
 def _new_gate():
     """A communicator's one-thread gate (CommState.busy): the native
-    module's Gate, which its fast paths take without a Python call, or a
+    module's Lock(gate=True), which its fast paths take without a Python call, or a
     threading.Lock; both are only ever acquired without blocking."""
     from . import native  # (imports engine, which imports this module)
 
     mod = native.module()
-    return mod.Gate() if mod is not None else threading.Lock()
+    return mod.Lock(gate=True) if mod is not None else threading.Lock()
 
 
 def wait_until(req, deadline, rank, collective, step, seq=-1, buffers=(), missing=None) -> None:

@@ -481,9 +481,9 @@ class _Engine:
     """The process-wide list of outstanding operations and the progress thread."""
 
     def __init__(self):
-        # threading.Lock's meaning; csrc/native.c's Mutex where it is built,
+        # threading.Lock's meaning; csrc/native.c's Lock where it is built,
         # which the C wait takes and gives without calling its methods.
-        self.lock = _native_mod.Mutex() if _native_mod is not None else threading.Lock()
+        self.lock = _native_mod.Lock() if _native_mod is not None else threading.Lock()
         self.active = []
         self.wake = threading.Condition(self.lock)
         self.waiters = 0  # threads in wait(), which drive progress themselves

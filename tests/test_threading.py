@@ -518,14 +518,16 @@ def test_native_wait_in_c_records_errors_and_runs_finishes_once():
 
 
 @pytest.mark.skipif(not native.available(), reason="mpicoll._native_* is not built for this MPI")
-def test_the_engine_lock_keeps_threading_locks_meaning():
-    """The engine's lock is csrc/native.c's Mutex (the C wait takes it in a
-    C call): threading.Lock's acquire/release/locked/context manager,
-    timeouts, mutual exclusion between threads, a Condition over it, and a
-    blocking acquire that a signal handler's exception interrupts."""
+@pytest.mark.parametrize("gate", [False, True])
+def test_mpicolls_locks_keep_threading_locks_meaning(gate):
+    """The engine's lock and the communicators' gates are csrc/native.c's
+    Lock (the C paths take them in a C call): threading.Lock's
+    acquire/release/locked/context manager, timeouts, mutual exclusion
+    between threads, a Condition over it, and a blocking acquire that a
+    signal handler's exception interrupts."""
     import signal
-    m = native._mod.Mutex()
-    assert type(engine._engine.lock) is type(m)
+    m = native._mod.Lock(gate=gate)
+    assert type(engine._engine.lock) is type(m) and type(_comm.state(MPI.COMM_WORLD).busy) is type(m)
     assert m.acquire() is True and m.locked() and m.acquire(False) is False
     t0 = time.monotonic()
     assert m.acquire(timeout=0.05) is False and time.monotonic() - t0 >= 0.04
