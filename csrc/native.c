@@ -2344,6 +2344,60 @@ static int run_steps(PyObject *steps) {
     return 0;
 }
 
+static int persist_leave(Persist *self);
+
+static PyObject *persist_again(void) {
+    PyErr_SetString(PyExc_RuntimeError,
+                    "mpicoll: persistent request started again before it completed (wait() first)");
+    return NULL;
+}
+
+/* The start of a run in C, either kind (Persistent._start's first steps):
+ * the started-again error; runtime.enter's two checks - a callback
+ * running, a thread in the gate - where 0 is returned (the Python start
+ * raises the error that applies); the gate taken; Plan.inputs (the stage,
+ * then the prologue); the call number (*seq). 1: entered, the gate held
+ * (persist_leave gives it back); -1: an error set, the gate given back. */
+static int persist_enter(Persist *self, long long *seq) {
+    if (self->active) {
+        persist_again();
+        return -1;
+    }
+    PyObject *v = PyObject_GetAttr(self->engmod, s_running);
+    if (v == NULL)
+        return -1;
+    int running = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    if (running < 0)
+        return -1;
+    int took = running ? 0 : gate_take(self->busy);
+    if (took != 1)
+        return took;
+    PyObject *num = run_steps(self->pre) < 0 ? NULL : take_number(self->numbers, self->st);
+    long long sv = num == NULL ? -1 : PyLong_AsLongLong(num);
+    Py_XDECREF(num);
+    if (sv == -1 && PyErr_Occurred()) {
+        persist_leave(self);
+        return -1;
+    }
+    *seq = sv;
+    return 1;
+}
+
+/* The gate given back, an error set meanwhile kept: 0, or -1. */
+static int persist_leave(Persist *self) {
+    PyObject *exc_type, *exc_value, *exc_tb;
+    PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
+    if (gate_give(self->busy) < 0) {
+        Py_XDECREF(exc_type);
+        Py_XDECREF(exc_value);
+        Py_XDECREF(exc_tb);
+        return -1;
+    }
+    PyErr_Restore(exc_type, exc_value, exc_tb);
+    return 0;
+}
+
 /* _program(xr, finish, ran): run a compiled schedule's starts and waits
  * here (after _front): ``xr`` the XRun over the request's kit, ``finish``
  * the plan's finish (None or a callable; ``post`` holds it as steps),
@@ -2465,49 +2519,20 @@ static PyObject *completed_with(Persist *self, PyObject *exc) {
  * pass); a run the pass finished is finished here (``ran``), a pending one
  * listed (xlisted), an executor error handed to Python's _xstarted. */
 static PyObject *persist_xstart(Persist *self, XRun *x) {
-    if (self->active) {
-        PyErr_SetString(PyExc_RuntimeError,
-                        "mpicoll: persistent request started again before it completed (wait() first)");
-        return NULL;
-    }
     if (E_cls == NULL || x->active)
-        return PyObject_CallMethodNoArgs((PyObject *)self, s__start);
-    PyObject *v = PyObject_GetAttr(self->engmod, s_running);
-    if (v == NULL)
-        return NULL;
-    int running = PyObject_IsTrue(v);
-    Py_DECREF(v);
-    if (running < 0)
-        return NULL;
-    int took = running ? 0 : gate_take(self->busy);
-    if (took != 1)
-        return took < 0 ? NULL : PyObject_CallMethodNoArgs((PyObject *)self, s__start);
-    int failed = run_steps(self->pre) < 0, rc = MPICOLL_X_DONE;
-    PyObject *seq = failed ? NULL : take_number(self->numbers, self->st);
-    if (!failed) {
-        long long sv = seq == NULL ? -1 : PyLong_AsLongLong(seq);
-        failed = sv == -1 && (seq == NULL || PyErr_Occurred());
-        if (!failed) {
-            self->seq = x->seq = sv;
-            x->tag = (int)(1 + sv % self->tag_span);
-            x->active = 1;
-            rc = x->xrun(x->state, x->steps, x->nsteps, x->lists, x->buf, x->src, x->scratch, x->op, x->dtype,
-                         x->handle, x->tag, 0, x->info);
-            if (rc != MPICOLL_X_PENDING)
-                x->active = 0;
-        }
-    }
-    Py_XDECREF(seq);
-    PyObject *exc_type, *exc_value, *exc_tb;
-    PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
-    if (gate_give(self->busy) < 0) {
-        Py_XDECREF(exc_type);
-        Py_XDECREF(exc_value);
-        Py_XDECREF(exc_tb);
-        return NULL;
-    }
-    PyErr_Restore(exc_type, exc_value, exc_tb);
-    if (failed)
+        return self->active ? persist_again() : PyObject_CallMethodNoArgs((PyObject *)self, s__start);
+    long long sv;
+    int entered = persist_enter(self, &sv), rc = MPICOLL_X_DONE;
+    if (entered <= 0)
+        return entered < 0 ? NULL : PyObject_CallMethodNoArgs((PyObject *)self, s__start);
+    self->seq = x->seq = sv;
+    x->tag = (int)(1 + sv % self->tag_span);
+    x->active = 1;
+    rc = x->xrun(x->state, x->steps, x->nsteps, x->lists, x->buf, x->src, x->scratch, x->op, x->dtype, x->handle,
+                 x->tag, 0, x->info);
+    if (rc != MPICOLL_X_PENDING)
+        x->active = 0;
+    if (persist_leave(self) < 0)
         return NULL;
     PyObject *req;
     if (rc == MPICOLL_X_DONE) {
@@ -2613,50 +2638,17 @@ static PyObject *Persist_start(Persist *self, PyObject *unused) {
     Req *q = persist_fast(self);
     if (q == NULL)
         return PyObject_CallMethodNoArgs((PyObject *)self, s__start);
-    if (self->active) {
-        PyErr_SetString(PyExc_RuntimeError,
-                        "mpicoll: persistent request started again before it completed (wait() first)");
-        return NULL;
-    }
-    /* runtime.enter's two checks: a callback running, a thread in the gate
-     * - the Python start raises the error that applies */
-    PyObject *v = PyObject_GetAttr(self->engmod, s_running);
-    if (v == NULL)
-        return NULL;
-    int running = PyObject_IsTrue(v);
-    Py_DECREF(v);
-    if (running < 0)
-        return NULL;
-    int took = running ? 0 : gate_take(self->busy);
-    if (took != 1)
-        return took < 0 ? NULL : PyObject_CallMethodNoArgs((PyObject *)self, s__start);
-    /* Plan.inputs: the stage, then the prologue */
-    int failed = run_steps(self->pre) < 0, rc = MPI_SUCCESS;
-    PyObject *seq = failed ? NULL : take_number(self->numbers, self->st);
-    if (!failed) {
-        long long sv = seq == NULL ? -1 : PyLong_AsLongLong(seq);
-        failed = sv == -1 && (seq == NULL || PyErr_Occurred());
-        if (!failed)
-            self->seq = sv;
-    }
-    Py_XDECREF(seq);
-    if (!failed) {
-        if (q->active) {
-            PyErr_SetString(PyExc_RuntimeError, "mpicoll native: Start() of an active request");
-            failed = 1;
-        } else if ((rc = MPI_Start(&q->req)) == MPI_SUCCESS)
-            q->active = 1;
-    }
-    PyObject *exc_type, *exc_value, *exc_tb;
-    PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
-    if (gate_give(self->busy) < 0) {
-        Py_XDECREF(exc_type);
-        Py_XDECREF(exc_value);
-        Py_XDECREF(exc_tb);
-        return NULL;
-    }
-    PyErr_Restore(exc_type, exc_value, exc_tb);
+    long long sv;
+    int entered = persist_enter(self, &sv), rc = MPI_SUCCESS;
+    if (entered <= 0)
+        return entered < 0 ? NULL : PyObject_CallMethodNoArgs((PyObject *)self, s__start);
+    self->seq = sv;
+    int failed = q->active;
     if (failed)
+        PyErr_SetString(PyExc_RuntimeError, "mpicoll native: Start() of an active request");
+    else if ((rc = MPI_Start(&q->req)) == MPI_SUCCESS)
+        q->active = 1;
+    if (persist_leave(self) < 0 || failed)
         return NULL;
     if (rc != MPI_SUCCESS) {
         raise_mpi(rc);
