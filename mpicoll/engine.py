@@ -36,9 +36,13 @@ The threading contract (docs/architecture.md, "Threading contract"):
 
 * One process-wide lock guards every MPI request and schedule step, so the
   progress thread and the callers' test()/wait() never run a step
-  concurrently. The engine is the only background thread mpicoll runs
-  (torch's futures are completed by it too); it exists only under
-  ``MPI_THREAD_MULTIPLE`` and stops at interpreter exit, before MPI_Finalize.
+  concurrently. The engine's threads are the only background threads
+  mpicoll runs: its progress thread (torch's futures are completed by it
+  too) and, where csrc/native.c is built, that module's C thread, which
+  tests the library's 1-4 MiB I-calls handed to it (NATIVE_BG_MIN_BYTES)
+  under a mutex of its own, never touching a Python object; both exist only
+  under ``MPI_THREAD_MULTIPLE`` and stop at interpreter exit, before
+  MPI_Finalize.
 * An error while posting, stepping or finishing one request is recorded on
   that request, raised by its own wait()/test(), and the request leaves the
   outstanding list: it never reaches another request's wait() nor ends the
