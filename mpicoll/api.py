@@ -193,10 +193,9 @@ def allreduce(x, op="sum", *, comm=None, out=None, algorithm="auto", **options):
             else:
                 st = _by_handle.get(comm.handle) if isinstance(comm, MPI.Comm) else None
             if st is not None:
-                plans = st.plans._d
-                k = plans.get(key)
+                k = st.plans._d.get(key)
                 if k is not None:
-                    plans.move_to_end(key)
+                    st.plans.touch(key)
                     # (the kept call's whole C path where it has one, else
                     # its Python path, which also handles what C missed)
                     fast = k.fast
@@ -281,12 +280,12 @@ def bcast(x, root=0, *, comm=None, algorithm="auto", check=None, timeout=None):
         else:
             st = _by_handle.get(comm.handle) if isinstance(comm, MPI.Comm) else None
         if st is not None:
-            plans, key = st.plans._d, ("bcast", x.shape, x.dtype, root, algorithm)
-            k = plans.get(key)
+            key = ("bcast", x.shape, x.dtype, root, algorithm)
+            k = st.plans._d.get(key)
             if k is not None:
                 fast = k.fast
                 if fast is not None and fast(x) is not _MISS:
-                    plans.move_to_end(key)
+                    st.plans.touch(key)
                     return x
     return _bcast(x, root, comm, algorithm, check, timeout, True)
 

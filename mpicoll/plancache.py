@@ -73,19 +73,33 @@ def env_unchanged(kept) -> bool:
 
 
 class PlanCache:
-    """Least-recently-used map of signature -> Kept, bounded to ``size``."""
+    """Least-recently-used map of signature -> Kept, bounded to ``size``.
 
-    __slots__ = ("_d", "size")
+    ``version`` changes with every change of the map or of its order (a
+    hit, a new entry, clear): csrc/native.c's doors remember the entry of
+    their last hit with the version after it, and while the version is
+    unchanged that entry is still the most recently used - a repeated call
+    skips the look-up and the move to the end (~0.3 us of a 2 us call).
+    Whatever reorders ``_d`` outside these methods bumps it too (touch)."""
+
+    __slots__ = ("_d", "size", "version")
 
     def __init__(self, size: int = SIZE):
         self._d = OrderedDict()
         self.size = size
+        self.version = 0
 
     def get(self, key):
         e = self._d.get(key)
         if e is not None:
             self._d.move_to_end(key)
+            self.version += 1
         return e
+
+    def touch(self, key) -> None:
+        """A hit found in ``_d`` directly: most recently used now."""
+        self._d.move_to_end(key)
+        self.version += 1
 
     def put(self, key, kept) -> None:
         d = self._d
@@ -93,9 +107,11 @@ class PlanCache:
         d.move_to_end(key)
         while len(d) > self.size:
             d.popitem(last=False)
+        self.version += 1
 
     def clear(self) -> None:
         self._d.clear()
+        self.version += 1
 
     def __len__(self):
         return len(self._d)

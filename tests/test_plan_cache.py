@@ -71,6 +71,44 @@ def test_lru_bound_and_order(comm, monkeypatch):
     assert keys[12] in st.plans and keys[13] not in st.plans
 
 
+def test_lru_order_holds_when_the_doors_in_c_skip_the_look_up(comm, monkeypatch, kept_calls):
+    """A door in C repeating its last hit skips the look-up and the move to
+    the end while the cache's version is unchanged (csrc/native.c
+    door_run); any other use of the cache changes the version, so the order
+    stays least-recently-used: the signature a door serves again and again
+    is never the one evicted, and a use through another door (or the Python
+    path) between its calls puts it back through the full path."""
+    st = state(comm)
+    monkeypatch.setattr(st.plans, "size", 4)
+    st.plans.clear()
+    hot = np.ones(3)
+    keys = [("allreduce", (n,), np.dtype(np.float64), "sum", "auto", 0) for n in range(1, 10)]
+    for _ in range(4):
+        mpicoll.allreduce(hot, comm=comm)  # kept, gated, then served from the door's memo
+    v = st.plans.version
+    for _ in range(5):
+        mpicoll.allreduce(hot, comm=comm)
+    in_c = kept_calls == "native" and comm.size > 1 and hasattr(mpicoll.allreduce, "fallbacks")
+    assert (st.plans.version == v) == in_c, "the repeated hit went through the look-up"
+    for n in (1, 2, 4, 5, 6):  # new signatures, each used twice: 3 is used in between
+        mpicoll.allreduce(np.ones(n), comm=comm)
+        mpicoll.allreduce(hot, comm=comm)
+        assert keys[2] in st.plans, n
+        mpicoll.allreduce(np.ones(n), comm=comm)
+    assert list(st.plans._d)[-1] == keys[5]
+    mpicoll.allreduce(hot, comm=comm)
+    assert list(st.plans._d)[-1] == keys[2], "a hit after another door's use is not the most recent"
+    # another door's hits (bcast's, in C or in Python) move its entry and
+    # change the version, so the next all-reduce moves its own back
+    b = np.ones(2)
+    for _ in range(4):
+        mpicoll.bcast(b, 0, comm=comm)
+    assert list(st.plans._d)[-1][0] == "bcast"
+    mpicoll.allreduce(hot, comm=comm)
+    assert list(st.plans._d)[-1] == keys[2]
+    comm.Barrier()
+
+
 def test_layouts_a_kept_call_cannot_serve_take_the_full_path(comm):
     p, r = comm.size, comm.rank
     x = np.full(8, r + 1.0)
