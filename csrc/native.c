@@ -601,6 +601,22 @@ static unsigned long long bg_tests; /* MPI_Test calls the thread made (tests rea
  * computation). */
 #define BG_POLL_NS 10000
 
+/* bg_mu taken by a thread that holds the GIL: without blocking while it
+ * holds the GIL. The C thread's MPI_Test, under bg_mu, may run Python: a
+ * user-defined op (mpi4py's, e.g. mpicoll's NaN-aware max) that the
+ * library's progress applies to another request takes the GIL there. Found
+ * under Open MPI at p = 3 (tests/test_native_hostile.py): the thread in
+ * NBC_Progress waiting for the GIL with bg_mu held, the main thread waiting
+ * for bg_mu with the GIL held. Every taker holds bg_mu before the GIL, never
+ * the other way round. */
+static void bg_lock(void) {
+    if (pthread_mutex_trylock(&bg_mu) == 0)
+        return;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&bg_mu);
+    Py_END_ALLOW_THREADS
+}
+
 static void *bg_main(void *arg) {
     (void)arg;
     pthread_mutex_lock(&bg_mu);
@@ -637,7 +653,7 @@ static void *bg_main(void *arg) {
  * its MPI request. Returns whether the thread completed it (its error code
  * in *rc). */
 static int bg_take(Req *r, int *rc) {
-    pthread_mutex_lock(&bg_mu);
+    bg_lock();
     for (Py_ssize_t i = 0; i < bg_n; i++)
         if (bg_list[i] == r) {
             bg_list[i] = bg_list[--bg_n];
@@ -653,7 +669,7 @@ static int bg_take(Req *r, int *rc) {
 
 /* Whether the thread completed ``r`` (still listed); its code in *rc. */
 static int bg_peek(Req *r, int *rc) {
-    pthread_mutex_lock(&bg_mu);
+    bg_lock();
     int done = r->bg_done;
     *rc = r->bg_rc;
     pthread_mutex_unlock(&bg_mu);
@@ -692,7 +708,7 @@ static PyObject *Req_Test(Req *self, PyObject *unused) {
         Py_RETURN_FALSE;
     if (self->bg) { /* the C thread tests it too: a test of ours, under its lock */
         int rc;
-        pthread_mutex_lock(&bg_mu);
+        bg_lock();
         if (!self->bg_done) {
             int flag = 0;
             rc = MPI_Test(&self->req, &flag, MPI_STATUS_IGNORE);
@@ -762,7 +778,7 @@ static PyObject *Req_background(Req *self, PyObject *unused) {
     (void)unused;
     if (!self->active || self->persistent || self->inside || self->bg)
         return PyBool_FromLong(self->bg);
-    pthread_mutex_lock(&bg_mu);
+    bg_lock();
     int ok = !bg_stop;
     if (ok && !bg_started) {
         ok = pthread_create(&bg_thread, NULL, bg_main, NULL) == 0;
@@ -1581,7 +1597,7 @@ static PyObject *request_wait(PyObject *mod, PyObject *obj) {
 static PyObject *stop_background(PyObject *mod, PyObject *unused) {
     (void)mod;
     (void)unused;
-    pthread_mutex_lock(&bg_mu);
+    bg_lock();
     int started = bg_started;
     bg_stop = 1;
     bg_started = 0;
@@ -1599,7 +1615,7 @@ static PyObject *stop_background(PyObject *mod, PyObject *unused) {
 static PyObject *background_stats(PyObject *mod, PyObject *unused) {
     (void)mod;
     (void)unused;
-    pthread_mutex_lock(&bg_mu);
+    bg_lock();
     unsigned long long t = bg_tests;
     Py_ssize_t n = bg_n;
     int running = bg_started && !bg_stop;
