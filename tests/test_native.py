@@ -1160,10 +1160,10 @@ def test_long_native_requests_progress_on_the_c_thread(comm):
     want = np.empty_like(x)
     comm.Allreduce(x, want)
     st = state(comm)
+    tests0, handed = native.module().background_stats()[0], 0
     for how in ("wait", "test", "callback"):
         st.plans.clear()
         for i in range(3):  # (the first call through mpi4py; then kept, started in C from the third)
-            tests0 = native.module().background_stats()[0]
             held = st.pending
             req = mpicoll.iallreduce(x, comm=comm, algorithm="mpi")
             ours = type(req._mpi) is native.module().Req
@@ -1181,10 +1181,14 @@ def test_long_native_requests_progress_on_the_c_thread(comm):
                 got = req.wait()
             assert np.array_equal(got, want), (how, i)
             if ours:
-                assert native.module().background_stats()[0] > tests0, (how, i)
+                handed += 1
                 assert not req._mpi.background()  # (completed: nothing to hand)
             assert st.pending == held
             if how == "callback":
                 assert len(seen) == 1 and np.array_equal(seen[0], want)
+    # (which thread ends each one is the scheduler's choice - a test() or
+    # the engine's thread after a callback may come first - but over the
+    # runs the C thread has tested them)
+    assert handed >= 6 and native.module().background_stats()[0] > tests0
     assert native.module().background_stats()[1] == 0
     comm.Barrier()

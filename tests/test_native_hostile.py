@@ -212,3 +212,80 @@ def test_v_forms_scatter_and_persistent_requests_off_the_main_road():
         assert np.array_equal(psum(), want_sum, equal_nan=True)
     pmin.free()
     psum.free()
+
+
+def test_persistent_programs_long_i_calls_and_the_doors_memo_off_the_main_road():
+    """This session's paths (csrc/native.c: persistent programs started in C,
+    the C progress thread for the library's 1-4 MiB I-calls, the doors'
+    memo of their last hit), four runs each: a persistent request of every
+    compiled schedule bound to a strided view and to a misaligned buffer,
+    with NaN under min and max; a 1 MiB I-call of the library with NaN, on a
+    strided view and on a misaligned buffer; the drop-in's buffer specs on
+    the I-calls; one door alternating between two communicators and a new
+    one (the memo is per communicator). Identical bits on every rank."""
+    from mpicoll import algorithms as alg
+    comm = MPI.COMM_WORLD
+    p, r = comm.size, comm.rank
+    names = [n for n in mpicoll.algorithms("allreduce") if n != "auto" and alg.get("allreduce", n).compilable]
+    base = np.zeros(14, np.float32)
+    raw = bytearray(4 * 7 + 1)
+    mis = np.frombuffer(raw, dtype=np.float32, offset=1, count=7)
+    assert not mis.flags.aligned
+    for name in names:
+        for op, npop in (("min", np.fmin), ("max", np.fmax)):
+            for buf in (base[::2], mis):
+                pq = mpicoll.allreduce_init(buf, op, comm=comm, algorithm=name)
+                for i in range(4):
+                    buf[:] = np.arange(7, dtype=np.float32) * (r + 1) - i
+                    buf[(r + i) % 7] = np.nan
+                    rows = comm.allgather(np.array(buf))
+                    got = pq()
+                    _same_everywhere(comm, got, f"{name} {op} persistent")
+                    nan_at = {(k + i) % 7 for k in range(p)}
+                    want = rows[0].copy()
+                    for row in rows[1:]:
+                        want = npop(want, row)  # (where any rank has NaN the result is NaN: checked below)
+                    for j in range(7):
+                        assert np.isnan(got[j]) if j in nan_at else got[j] == want[j], (name, op, i, j, got)
+                pq.free()
+    # the library's 1 MiB I-call, on the C thread from its third call
+    n = (1 << 20) // 8 + 3
+    big = np.arange(n, dtype=np.float64) + r
+    big[r] = np.nan
+    strided = np.zeros(2 * n)[::2]
+    rawb = bytearray(8 * n + 1)
+    misb = np.frombuffer(rawb, dtype=np.float64, offset=1, count=n)
+    for x in (big, strided, misb):
+        if x is not big:
+            x[:] = big
+        for i in range(4):
+            got = mpicoll.iallreduce(x, "max", algorithm="mpi").wait()
+            _same_everywhere(comm, got, "1 MiB imax")
+            assert np.isnan(got[:p]).all() and np.array_equal(got[p:], np.arange(p, n) + p - 1), i
+    mc = mpicoll.Comm(comm)
+    for i in range(4):
+        o = np.empty(n)
+        mc.Iallreduce([big, MPI.DOUBLE], [o, MPI.DOUBLE], MPI.MAX).Wait()
+        _same_everywhere(comm, o, "Comm.Iallreduce specs")
+        o2 = np.array(big)
+        mc.Iallreduce(MPI.IN_PLACE, o2, MPI.MAX).Wait()
+        assert np.array_equal(o, o2, equal_nan=True)
+    # one door, two communicators and a fresh one: each its own entry
+    other = comm.Split(0, p - 1 - r)  # (the same ranks, another order: another state)
+    try:
+        x = np.full(5, r + 1.0)
+        for i in range(6):
+            c = comm if i % 2 == 0 else other
+            assert np.array_equal(mpicoll.allreduce(x, comm=c), np.full(5, p * (p + 1) / 2))
+            assert np.array_equal(mpicoll.bcast(np.full(3, float(c.rank)), 0, comm=c), np.zeros(3))
+        fresh = comm.Dup()
+        try:
+            for i in range(4):
+                assert np.array_equal(mpicoll.bcast(np.full(3, float(fresh.rank)), p - 1, comm=fresh),
+                                      np.full(3, p - 1.0))
+        finally:
+            fresh.Free()
+        for i in range(2):
+            assert np.array_equal(mpicoll.bcast(np.full(3, float(comm.rank)), 0, comm=comm), np.zeros(3))
+    finally:
+        other.Free()
