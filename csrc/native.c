@@ -1437,10 +1437,12 @@ static int lock_give(void) {
     return lock_release((Lock *)E_lock);
 }
 
-/* A new NativeRequest for a started Req (start_native's short case), the
- * state ``st`` held (CommState.hold) until it completes. Its callback list
- * is made when a callback is added (NativeRequest.add_done_callback). */
-static PyObject *new_request(PyObject *q, PyObject *result, PyObject *st) {
+/* A new NativeRequest over a started MPI request (a Req: start_native's
+ * short case; an XRun: a persistent program's pending run), ``finish`` (or
+ * NULL/None) run once it completes, the state ``st`` held (CommState.hold)
+ * until then. Its callback list is made when a callback is added
+ * (NativeRequest.add_done_callback). */
+static PyObject *new_request(PyObject *mpi, PyObject *result, PyObject *finish, PyObject *st) {
     PyTypeObject *cls = (PyTypeObject *)E_cls;
     RCore *r = (RCore *)cls->tp_alloc(cls, 0);
     if (r == NULL)
@@ -1456,8 +1458,12 @@ static PyObject *new_request(PyObject *q, PyObject *result, PyObject *st) {
     r->live = live;
     Py_INCREF(result);
     r->result = result;
-    Py_INCREF(q);
-    r->mpi = q;
+    Py_INCREF(mpi);
+    r->mpi = mpi;
+    if (finish != NULL && finish != Py_None) {
+        Py_INCREF(finish);
+        r->finish = finish;
+    }
     Py_INCREF(st);
     r->st = st;
     return (PyObject *)r;
@@ -1968,7 +1974,7 @@ static PyObject *kept_run(Call *self, PyObject *xo, PyObject *oo, int form) {
     /* A short one as the engine's NativeRequest (bind()); else the pair, for
      * engine.start_native (it lists a long one for the progress thread). */
     PyObject *res = E_cls != NULL && PyArray_NBYTES(x) < E_list_min
-                        ? new_request((PyObject *)q, (PyObject *)out, self->st)
+                        ? new_request((PyObject *)q, (PyObject *)out, NULL, self->st)
                         : PyTuple_Pack(2, (PyObject *)out, (PyObject *)q);
     Py_DECREF(q);  /* (the result holds it, or the error drops it: active, its arrays are kept) */
     Py_DECREF(out);
@@ -2458,29 +2464,9 @@ static PyObject *Persist_program(Persist *self, PyObject *const *args, Py_ssize_
  * so that any thread's wait() or the progress thread advances it while
  * this rank waits for something else. The request, or NULL with an error. */
 static PyObject *xlisted(Persist *self, XRun *x) {
-    PyTypeObject *cls = (PyTypeObject *)E_cls;
-    RCore *r = (RCore *)cls->tp_alloc(cls, 0);
+    RCore *r = (RCore *)new_request((PyObject *)x, self->result, self->xfinish, self->st);
     if (r == NULL)
         return NULL;
-    PyObject *live = PyObject_GetAttr(self->st, s_live_);
-    if (live == NULL || !PyList_Check(live) || PyList_Append(live, Py_None) < 0) {
-        Py_XDECREF(live);
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_TypeError, "mpicoll native: the state's _live is not a list");
-        Py_DECREF(r);
-        return NULL;
-    }
-    r->live = live;
-    Py_INCREF(self->st);
-    r->st = self->st;
-    Py_INCREF(self->result);
-    r->result = self->result;
-    Py_INCREF((PyObject *)x);
-    r->mpi = (PyObject *)x;
-    if (self->xfinish != Py_None) {
-        Py_INCREF(self->xfinish);
-        r->finish = self->xfinish;
-    }
     /* engine.list_locked, here while the progress thread exists and no
      * step runs on this thread; else the Python (it spawns the thread, or
      * refuses a call from a step) */
