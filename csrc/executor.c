@@ -22,6 +22,7 @@
  * signature); this file trusts them and checks only slot numbers.
  */
 #include <mpi.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -39,8 +40,29 @@ void mpicoll_x_set_kernels(void *reduce, void *reduce_many)
     kernel_reduce_many = (reduce_many_fn)reduce_many;
 }
 
+/* kernels.h's (the executor sees the window only through these) */
+struct mpicoll_shm_ctl;
+typedef int (*shm_run_fn)(struct mpicoll_shm_ctl *, const int64_t *, char *, const char *, int64_t, size_t, int, int,
+                          int *, int, int64_t, int64_t);
+typedef int (*shm_ready_fn)(const struct mpicoll_shm_ctl *, int64_t);
+
+static shm_run_fn shm_run;
+static shm_ready_fn shm_ready;
+static int shm_spins;
+static int64_t shm_yield_ns, shm_round_ns;
+
+void mpicoll_x_set_shm(void *run, void *ready, int spins, int64_t yield_ns, int64_t round_ns)
+{
+    shm_run = (shm_run_fn)run;
+    shm_ready = (shm_ready_fn)ready;
+    shm_spins = spins;
+    shm_yield_ns = yield_ns;
+    shm_round_ns = round_ns;
+}
+
 struct mpicoll_xstate {
     int64_t pc;            /* the next step to run (a pending wait step stays current) */
+    int shm_stage;         /* a shared-memory step's: 0 not started, else the sync it waits at */
     int nslots, maxk;
     MPI_Request *reqs;     /* by slot */
     MPI_Request *batch;    /* one wait step's requests, in list order */
@@ -78,6 +100,11 @@ void mpicoll_x_reset(struct mpicoll_xstate *x)
         if (x->reqs[i] != MPI_REQUEST_NULL)
             MPI_Request_free(&x->reqs[i]);
     x->pc = 0;
+    /* (a shared-memory call left between its syncs stays counted as running
+     * on its window: the node's ranks can no longer agree on it, and the
+     * window's later calls wait for it, to a deadline, rather than run on
+     * counters the peers do not share) */
+    x->shm_stage = 0;
 }
 
 void mpicoll_x_free(struct mpicoll_xstate *x)
@@ -160,6 +187,14 @@ int mpicoll_x_run(struct mpicoll_xstate *x, const int64_t *steps, int64_t nsteps
     /* mpi4py's handle is the MPI_Comm itself, as an integer: an int in
      * MPICH's ABI, a pointer in Open MPI's. */
     MPI_Comm comm = (MPI_Comm)comm_handle;
+    if (blocking == MPICOLL_X_PROBE) {
+        const struct mpicoll_shm_ctl *c = nsteps > 0 && steps[0] == MPICOLL_X_SHM
+                                              ? (const struct mpicoll_shm_ctl *)(intptr_t)steps[1]
+                                              : NULL;
+        if (c != NULL && (shm_ready == NULL || !shm_ready(c, steps[3] * steps[4])))
+            return MPICOLL_X_DECLINED;
+        return MPICOLL_X_DONE;
+    }
     for (; x->pc < nsteps; x->pc++) {
         const int64_t *s = steps + x->pc * MPICOLL_X_WIDTH;
         int rc = MPI_SUCCESS;
@@ -215,6 +250,26 @@ int mpicoll_x_run(struct mpicoll_xstate *x, const int64_t *steps, int64_t nsteps
             /* memmove: a recorded copy may be a no-op onto itself */
             memmove(at(buf, src, scratch, s[1], s[2]), at(buf, src, scratch, s[3], s[4]), (size_t)s[5]);
             break;
+        case MPICOLL_X_SHM: {
+            struct mpicoll_shm_ctl *c = (struct mpicoll_shm_ctl *)(intptr_t)s[1];
+            if (x->shm_stage == 0 && (shm_run == NULL || !shm_ready(c, s[3] * s[4]))) {
+                info[0] = x->pc;
+                return MPICOLL_X_DECLINED;
+            }
+            /* (a blocking run spins and yields only in its first round: a peer
+             * later than that is waited for sleeping, as the schedule's rounds do) */
+            const int first = blocking && x->shm_stage == 0;
+            rc = shm_run(c, lists + s[2], buf, src != NULL ? src : buf, s[3], (size_t)s[4], op, dtype,
+                         &x->shm_stage, first ? shm_spins : 0, first ? shm_yield_ns : 0,
+                         blocking ? shm_round_ns : 0);
+            if (rc > 0)
+                return MPICOLL_X_PENDING; /* blocking: a round ran out (the caller runs signal handlers) */
+            if (rc < 0) {
+                info[0] = rc, info[1] = x->pc;
+                return MPICOLL_X_ESHM;
+            }
+            break;
+        }
         default:
             info[0] = x->pc;
             return MPICOLL_X_ESTEP;

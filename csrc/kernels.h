@@ -99,11 +99,49 @@ int mpicoll_flag_wait(const char *base, size_t stride, int k, int64_t value, int
  * stage to resume at (1 or 2) when that ran out, 0 when the call is complete,
  * MPICOLL_SHM_EMISMATCH when the signatures differ (nothing reduced, no
  * second sync), or a kernel status (< 0) from the reduction. */
-enum mpicoll_shm_status { MPICOLL_SHM_EMISMATCH = -100 };
+enum mpicoll_shm_status { MPICOLL_SHM_EMISMATCH = -100, MPICOLL_SHM_SIG_WORDS = 4 };
 int mpicoll_shm_allreduce(char *const *slots, int k, int me, char *buf, const char *own, int64_t n,
                           size_t itemsize, int op, int dtype, char *flags, size_t stride, int64_t epoch,
                           const int64_t *sig, int sig_at, int sig_words, int stage, int spins,
                           int64_t yield_ns, int64_t budget_ns, const void **srcs);
+
+/* A communicator's shared-memory window ("flags" syncs) as C runs it:
+ * the counters the shm schedule keeps (mpicoll/shmwindow.py reads and
+ * writes them here, so that calls in C and calls of the schedule take
+ * turns on one window) and where the window is. One per communicator
+ * state, made before its first window and kept across the window's
+ * replacements (a bigger one); the window fills in slot_bytes and the
+ * pointers when it is made and sets slot_bytes to 0 when it is freed.
+ *   turn, epoch, checks: the slot the next call uses, the sync points
+ *       passed, the signature checks passed (the same on every rank);
+ *   queued: calls of the schedule queued on the window (shm.py's queue),
+ *       running: calls in C started and not finished - a call in C starts
+ *       only when both are 0, and a queued schedule call waits for
+ *       running to be 0 (calls run in the order they were started);
+ *   slots0/slots1: every rank's slot of turn 0/1; srcs: room for k
+ *       pointers; flags: the k counters, stride bytes apart. */
+struct mpicoll_shm_ctl {
+    int64_t turn, epoch, checks, slot_bytes, queued, running;
+    int k, me;
+    char *flags;
+    size_t stride;
+    char **slots0, **slots1;
+    const void **srcs;
+};
+
+/* Whether a call of nbytes (> 0) may run in C now: a window with slots of
+ * at least nbytes, nothing queued or running on it (1), or not (0). */
+int mpicoll_shm_ready(const struct mpicoll_shm_ctl *c, int64_t nbytes);
+
+/* mpicoll_shm_allreduce on the window of c, keeping its counters as the
+ * schedule does: *stage 0 starts a call (after mpicoll_shm_ready: the
+ * signature check's number, the first sync's number, running), a later
+ * one resumes it. Returns as mpicoll_shm_allreduce; at its end (0 or an
+ * error) *stage is 0 and running is down again; the turn changes unless
+ * the signatures differed (every rank then stays on the slot), the sync
+ * count moves past the call's second sync when it completed. */
+int mpicoll_shm_run(struct mpicoll_shm_ctl *c, const int64_t *sig, char *buf, const char *own, int64_t n,
+                    size_t itemsize, int op, int dtype, int *stage, int spins, int64_t yield_ns, int64_t budget_ns);
 
 /* The instruction set the run-time dispatch chose for 16-bit conversions:
  * "avx512f", "f16c" or "generic". */

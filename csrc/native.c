@@ -70,6 +70,27 @@ enum kind {
 typedef int (*xrun_fn)(struct mpicoll_xstate *, const int64_t *, int64_t, const int64_t *, char *, char *, char **,
                        int, int, intptr_t, int, int, int64_t *);
 
+/* A blocking run of a program, the GIL released: the executor's status, or
+ * MPICOLL_X_EINTR with a signal handler's exception set. A shared-memory
+ * step's blocking wait comes back every round (PENDING, executor.h): the
+ * signal handlers run then (Ctrl-C while a peer is late), and the run goes
+ * on, blocking again, unless one raised (the run is then left where it
+ * stopped: the caller gives up its kit). */
+static int xrun_blocking(xrun_fn f, struct mpicoll_xstate *state, const int64_t *steps, int64_t nsteps,
+                         const int64_t *lists, char *buf, char *src, char **scratch, int op, int dtype, intptr_t handle,
+                         int tag, int64_t *info) {
+    int rc;
+    for (;;) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = f(state, steps, nsteps, lists, buf, src, scratch, op, dtype, handle, tag, 1, info);
+        Py_END_ALLOW_THREADS
+        if (rc != MPICOLL_X_PENDING)
+            return rc;
+        if (PyErr_CheckSignals() < 0)
+            return MPICOLL_X_EINTR;
+    }
+}
+
 typedef struct {
     PyObject_HEAD
     int kind, root, rank, size;
@@ -1733,6 +1754,13 @@ static PyObject *kept_run(Call *self, PyObject *xo, PyObject *oo, int form) {
      * assume it); its I-form stays with kept.py (a ProgramRequest). */
     if (self->kind == K_PROGRAM && (form != F_BLOCKING || PyArray_NBYTES(x) != self->nbytes))
         goto miss;
+    /* A shared-memory program runs only while its window takes it (the
+     * executor's probe: nothing queued or running there, slots big enough);
+     * else the Python path runs the schedule, which waits its turn. */
+    if (self->kind == K_PROGRAM
+        && self->xrun(NULL, self->steps, self->nsteps, self->lists, NULL, NULL, NULL, self->xop, self->xdtype,
+                      self->xhandle, 0, MPICOLL_X_PROBE, self->info) != MPICOLL_X_DONE)
+        goto miss;
     int ok = usual(self);
     if (ok < 0)
         return NULL;
@@ -1917,10 +1945,8 @@ static PyObject *kept_run(Call *self, PyObject *xo, PyObject *oo, int form) {
         else {
             tag = (int)(1 + sv % self->tag_span);
             char *bp = PyArray_DATA(out), *sp = self->mode == 1 ? NULL : PyArray_DATA(x);
-            Py_BEGIN_ALLOW_THREADS
-            xrc = self->xrun(self->xstate, self->steps, self->nsteps, self->lists, bp, sp, self->scratch, self->xop,
-                             self->xdtype, self->xhandle, tag, 1, self->info);
-            Py_END_ALLOW_THREADS
+            xrc = xrun_blocking(self->xrun, self->xstate, self->steps, self->nsteps, self->lists, bp, sp,
+                                self->scratch, self->xop, self->xdtype, self->xhandle, tag, self->info);
         }
     } else if (!failed) {
         int rcp;
@@ -1947,11 +1973,18 @@ static PyObject *kept_run(Call *self, PyObject *xo, PyObject *oo, int form) {
     if (!failed && xrc != MPICOLL_X_DONE) {
         /* The executor's error: Executable.gated_failed keeps what the
          * library may still write into, gives the gate a new kit and raises
-         * the error it describes. */
+         * the error it describes. Interrupted (EINTR): the same for the
+         * kit, and the signal handler's exception is what is raised. */
+        PyObject *t = NULL, *v = NULL, *tb = NULL;
+        if (xrc == MPICOLL_X_EINTR)
+            PyErr_Fetch(&t, &v, &tb);
         PyObject *r = PyObject_CallMethod(self->exe, "gated_failed", "OOiiO", (PyObject *)out,
                                           self->mode == 1 ? Py_None : xo, xrc, tag, seq);
         Py_XDECREF(r);
-        if (r != NULL)
+        if (t != NULL) {
+            PyErr_Clear();
+            PyErr_Restore(t, v, tb);
+        } else if (r != NULL)
             PyErr_SetString(PyExc_RuntimeError, "mpicoll native: the executor failed and nothing raised");
         failed = 1;
     }
@@ -2144,10 +2177,8 @@ static int xrun_pass(XRun *x, int blocking) {
     int rc;
     if (blocking) {
         x->inside = 1;
-        Py_BEGIN_ALLOW_THREADS
-        rc = x->xrun(x->state, x->steps, x->nsteps, x->lists, x->buf, x->src, x->scratch, x->op, x->dtype,
-                     x->handle, x->tag, 1, x->info);
-        Py_END_ALLOW_THREADS
+        rc = xrun_blocking(x->xrun, x->state, x->steps, x->nsteps, x->lists, x->buf, x->src, x->scratch, x->op,
+                           x->dtype, x->handle, x->tag, x->info);
         x->inside = 0;
     } else
         rc = x->xrun(x->state, x->steps, x->nsteps, x->lists, x->buf, x->src, x->scratch, x->op, x->dtype,
@@ -2158,7 +2189,16 @@ static int xrun_pass(XRun *x, int blocking) {
         return rc;
     }
     x->active = 0;
+    PyObject *t = NULL, *v = NULL, *tb = NULL;
+    if (rc == MPICOLL_X_EINTR) /* (fail() gives up the kit; the handler's exception is raised) */
+        PyErr_Fetch(&t, &v, &tb);
     PyObject *exc = PyObject_CallFunction(x->fail, "iiL", rc, x->tag, x->seq);
+    if (t != NULL) {
+        Py_XDECREF(exc);
+        PyErr_Clear();
+        PyErr_Restore(t, v, tb);
+        return -1;
+    }
     if (exc == NULL)
         return -1;
     if (PyExceptionInstance_Check(exc))
@@ -2523,6 +2563,10 @@ static PyObject *completed_with(Persist *self, PyObject *exc) {
 static PyObject *persist_xstart(Persist *self, XRun *x) {
     if (E_cls == NULL || x->active)
         return self->active ? persist_again() : PyObject_CallMethodNoArgs((PyObject *)self, s__start);
+    /* (a shared-memory program whose window does not take a run now: Python's start runs the schedule) */
+    if (x->xrun(NULL, x->steps, x->nsteps, x->lists, NULL, NULL, NULL, x->op, x->dtype, x->handle, 0,
+                MPICOLL_X_PROBE, x->info) != MPICOLL_X_DONE)
+        return PyObject_CallMethodNoArgs((PyObject *)self, s__start);
     long long sv;
     int entered = persist_enter(self, &sv), rc = MPICOLL_X_DONE;
     if (entered <= 0)

@@ -154,3 +154,36 @@ int mpicoll_shm_allreduce(char *const *slots, int k, int me, char *buf, const ch
     }
     return 0;
 }
+
+int mpicoll_shm_ready(const struct mpicoll_shm_ctl *c, int64_t nbytes)
+{
+    return nbytes > 0 && c->slot_bytes >= nbytes && c->queued == 0 && c->running == 0;
+}
+
+int mpicoll_shm_run(struct mpicoll_shm_ctl *c, const int64_t *sig, char *buf, const char *own, int64_t n,
+                    size_t itemsize, int op, int dtype, int *stage, int spins, int64_t yield_ns, int64_t budget_ns)
+{
+    if (*stage == 0) {
+        /* (ShmWindow.publish's and the first sync's numbers, as the schedule takes them) */
+        c->checks += 1;
+        c->epoch += 1;
+        c->running += 1;
+    }
+    const int64_t first = c->epoch;
+    const int sig_at = 1 + (int)(c->checks & 1) * MPICOLL_SHM_SIG_WORDS;
+    const int rc = mpicoll_shm_allreduce(c->turn ? c->slots1 : c->slots0, c->k, c->me, buf, own, n, itemsize, op,
+                                         dtype, c->flags, c->stride, first, sig, sig_at, MPICOLL_SHM_SIG_WORDS,
+                                         *stage, spins, yield_ns, budget_ns, c->srcs);
+    if (rc > 0) {
+        *stage = rc;
+        return rc;
+    }
+    *stage = 0;
+    c->running -= 1;
+    if (rc == MPICOLL_SHM_EMISMATCH)
+        return rc; /* every rank stays on this slot, past the first sync only */
+    c->turn ^= 1;
+    if (rc == 0)
+        c->epoch = first + 1;
+    return rc;
+}

@@ -37,8 +37,10 @@ def _load():
     mod, why = library_module("_executor")
     if mod is None:
         return None, why
-    mod.lib.mpicoll_x_set_kernels(mod.ffi.cast("void *", int(_kffi.cast("uintptr_t", _klib.mpicoll_reduce))),
-                                  mod.ffi.cast("void *", int(_kffi.cast("uintptr_t", _klib.mpicoll_reduce_many))))
+    def address(fn):
+        return mod.ffi.cast("void *", int(_kffi.cast("uintptr_t", fn)))
+
+    mod.lib.mpicoll_x_set_kernels(address(_klib.mpicoll_reduce), address(_klib.mpicoll_reduce_many))
     return mod, ""
 
 
@@ -48,6 +50,32 @@ if _mod is not None:
     _XRUN = int(ffi.cast("uintptr_t", lib.mpicoll_x_run))  # for csrc/native.c's gated programs (point())
     DONE, PENDING = lib.MPICOLL_X_DONE, lib.MPICOLL_X_PENDING
     EMPI, EMISMATCH, EKERNEL = lib.MPICOLL_X_EMPI, lib.MPICOLL_X_EMISMATCH, lib.MPICOLL_X_EKERNEL
+    ESHM, DECLINED, EINTR, PROBE = lib.MPICOLL_X_ESHM, lib.MPICOLL_X_DECLINED, lib.MPICOLL_X_EINTR, lib.MPICOLL_X_PROBE
+
+
+def use_shm(spins: int, yield_s: float, round_s: float) -> None:
+    """Give the executor's shared-memory step (program.SHM) its functions,
+    csrc/shmsync.c's mpicoll_shm_run and mpicoll_shm_ready, and its
+    blocking waits' back-off (spin polls, then seconds yielding the core)
+    and round (a blocking run comes back PENDING after it: run_blocking):
+    shmwindow.py's, which calls this when it is imported (before that no
+    shm program exists, and the step would decline)."""
+    if _mod is not None:
+        lib.mpicoll_x_set_shm(ffi.cast("void *", int(_kffi.cast("uintptr_t", _klib.mpicoll_shm_run))),
+                              ffi.cast("void *", int(_kffi.cast("uintptr_t", _klib.mpicoll_shm_ready))),
+                              spins, int(yield_s * 1e9), int(round_s * 1e9))
+
+
+def run_blocking(state, steps, nsteps, lists, buf, src, scratch, op, dtype, handle, tag, info) -> int:
+    """A blocking run (the GIL released in each C call): a shared-memory
+    step's wait comes back every round (PENDING) and Python's signal
+    handlers run between rounds (Ctrl-C while a peer is late raises here,
+    the run left where it stopped: the caller gives up its kit or keeps
+    the request pending)."""
+    rc = lib.mpicoll_x_run(state, steps, nsteps, lists, buf, src, scratch, op, dtype, handle, tag, 1, info)
+    while rc == PENDING:
+        rc = lib.mpicoll_x_run(state, steps, nsteps, lists, buf, src, scratch, op, dtype, handle, tag, 1, info)
+    return rc
 
 
 def _address(cdata) -> int:
@@ -130,7 +158,7 @@ class Executable:
     """A program bound to the executor and to one communicator's state."""
 
     __slots__ = ("prog", "st", "steps", "lists", "nsteps", "op", "dtype", "handle", "keys", "own", "kit",
-                 "collective", "algorithm", "idle", "gated")
+                 "collective", "algorithm", "idle", "gated", "probe")
 
     def __init__(self, prog, st, red, collective, algorithm):
         self.prog, self.st = prog, st
@@ -147,6 +175,9 @@ class Executable:
         self.keys = tuple(f"exec-{i}" for i in range(len(prog.scratch)))
         self.own = sum(prog.scratch) <= OWN_SCRATCH_BYTES
         self.kit = self._blocking_kit()
+        # A shared-memory program runs only while its window takes it
+        # (ready(); the C callers probe the same way).
+        self.probe = prog.explain is not None
         self.idle = []  # kits of completed nonblocking runs (own scratch only): see take_kit
         # The native Call that runs this program's blocking calls whole in
         # C (kept.py's _gate_program; point()), False where there is none,
@@ -192,6 +223,12 @@ class Executable:
         pool, give_back = self.st.borrow_pool()
         return self.new_kit(pool), give_back
 
+    def ready(self) -> bool:
+        """Whether a run may start now (a shared-memory program's window
+        takes it); False: the caller runs the schedule instead."""
+        return lib.mpicoll_x_run(ffi.NULL, self.steps, self.nsteps, self.lists, ffi.NULL, ffi.NULL, ffi.NULL,
+                                 self.op, self.dtype, self.handle, 0, PROBE, self.kit.info) == DONE
+
     def run(self, buf, src, tag, seq):
         """Blocking run on ``buf`` (result, written) and ``src`` (input or None)."""
         kit = self.kit
@@ -200,10 +237,14 @@ class Executable:
             if any(a is not b for a, b in zip(bases, kit.scratch)) or not kit.scratch:
                 kit.scratch = bases
                 kit.ptrs = ffi.new("char *[]", [ffi.from_buffer(b) for b in bases]) if bases else ffi.NULL
-        rc = lib.mpicoll_x_run(kit.state, self.steps, self.nsteps, self.lists,
-                               ffi.from_buffer(buf, require_writable=True),
-                               ffi.NULL if src is None else ffi.from_buffer(src), kit.ptrs,
-                               self.op, self.dtype, self.handle, tag, 1, kit.info)
+        try:
+            rc = run_blocking(kit.state, self.steps, self.nsteps, self.lists,
+                              ffi.from_buffer(buf, require_writable=True),
+                              ffi.NULL if src is None else ffi.from_buffer(src), kit.ptrs, self.op, self.dtype,
+                              self.handle, tag, kit.info)
+        except BaseException:  # Ctrl-C between a shared-memory wait's rounds: this kit's run is given up
+            self._abandon(buf, src, EINTR, tag, seq)
+            raise
         if rc != DONE:
             raise self._abandon(buf, src, rc, tag, seq)
 
@@ -266,6 +307,13 @@ class Executable:
                 if err is not None:
                     return err
             return MPI.Exception(code)
+        if rc == ESHM:
+            return prog.explain(int(info[0]), ctx)
+        if rc == EINTR:
+            return KeyboardInterrupt(f"mpicoll: {self.collective}/{self.algorithm}: interrupted while waiting")
+        if rc == DECLINED:
+            return RuntimeError(f"mpicoll: {self.collective}/{self.algorithm}: a run started while its "
+                                "shared-memory window could not take it (a bug: callers ask ready() first)")
         if rc == EKERNEL:
             return RuntimeError(f"mpicoll: a reduction kernel refused its arguments (status {int(info[0])}) at step "
                                 f"{int(info[1])} of {self.collective}/{self.algorithm}")
@@ -314,8 +362,11 @@ class ProgramRequest(engine.Request):
 
     def _run(self, blocking) -> int:
         exe, kit = self._exe, self._kit
+        if blocking:
+            return run_blocking(kit.state, exe.steps, exe.nsteps, exe.lists, kit.c_buf, kit.c_src, kit.ptrs, exe.op,
+                                exe.dtype, exe.handle, self._tag, kit.info)
         return lib.mpicoll_x_run(kit.state, exe.steps, exe.nsteps, exe.lists, kit.c_buf, kit.c_src, kit.ptrs,
-                                 exe.op, exe.dtype, exe.handle, self._tag, blocking, kit.info)
+                                 exe.op, exe.dtype, exe.handle, self._tag, 0, kit.info)
 
     def _settle_rc(self, rc) -> None:
         if rc == DONE:
@@ -377,7 +428,12 @@ class ProgramRequest(engine.Request):
     def wait(self):
         if not self._seen_done() and self._deadline is None and engine.claim_alone(self):
             # Nothing else in flight: finish in one blocking C call (GIL released).
-            engine.finish_claimed(self, self._settle_rc, self._run(1))
+            try:
+                rc = self._run(1)
+            except BaseException:  # Ctrl-C while a shm peer is late: back to the engine, still pending
+                engine.unclaim(self)
+                raise
+            engine.finish_claimed(self, self._settle_rc, rc)
         else:
             engine._engine.wait(self)
         self._raise()

@@ -31,7 +31,7 @@ from . import schedule as _sched
 from .algorithms import mpi as _mpi
 from .buffers import may_share_memory as _share
 from .plancache import MISS as _MISS, Kept as _Kept, env_unchanged as _env_unchanged
-from .runtime import Plan, _finish, enter, start_direct
+from .runtime import Plan, _finish, enter
 
 
 _IN_PLACE = MPI.IN_PLACE
@@ -201,7 +201,7 @@ class KeptAllreduce(_Kept):
     plan bound to the call's arrays (``bind``: its schedule over them).
     ``mode``: 0 no out, 1 out is x, 2 another out (set by the front door)."""
 
-    __slots__ = ("name", "entry", "knobs", "red", "datatype", "op", "mode", "avg", "exe", "direct", "nat", "fast")
+    __slots__ = ("name", "entry", "knobs", "red", "datatype", "op", "mode", "avg", "exe", "nat", "fast")
 
     def __init__(self, st, name, entry, knobs, red, native):
         super().__init__(st)
@@ -214,42 +214,34 @@ class KeptAllreduce(_Kept):
         # library's algorithm in C, from the second hit on; None until then
         # or where there is no nat (or avg, whose division stays here).
         self.fast = None
-        # The schedule compiled for the C executor: None until the first
-        # hit tries, then an executor.Executable or False (not compilable,
-        # no executor, or turned off).
+        # The schedule compiled for the C executor (or the program the
+        # algorithm writes itself: registry ``program``, shm's): None until
+        # the first hit tries, then an executor.Executable or False (not
+        # compilable, no executor, or turned off).
         self.exe = None
-        # The algorithm's own runner in C (registry ``direct``: shm's), for
-        # both forms: None until the first hit of a schedule that did not
-        # compile, then the runner or False.
-        self.direct = None
 
     def _compiled(self, x):
-        """This signature's Executable, recorded at the first hit, or False."""
+        """This signature's Executable, made at the first hit, or False."""
         exe = False
         entry = self.entry
-        if entry is not None and entry.compilable and self.st.size > 1 and _executor.enabled():
+        if entry is not None and (entry.compilable or entry.program is not None) and self.st.size > 1 \
+                and _executor.enabled():
             try:
-                prog = _program.record(entry.schedule, self.st, x.size, x.dtype, self.red, self.mode != 1,
-                                       self.knobs)
-                exe = _executor.Executable(prog, self.st, self.red, "allreduce", self.name)
+                if entry.program is not None:
+                    prog = entry.program(self.st, x.size, x.dtype, self.red, self.mode != 1, **self.knobs)
+                else:
+                    prog = _program.record(entry.schedule, self.st, x.size, x.dtype, self.red, self.mode != 1,
+                                           self.knobs)
+                if prog is not None:
+                    exe = _executor.Executable(prog, self.st, self.red, "allreduce", self.name)
             except _program.NotCompilable:
                 pass
         self.exe = exe
         return exe
 
-    def _direct(self, x):
-        """This signature's runner of the algorithm's own (registry
-        ``direct``), made at the first hit, or False."""
-        entry = self.entry
-        run = False
-        if entry is not None and entry.direct is not None and self.st.size > 1:
-            run = entry.direct(self.st, x.size, x.itemsize, self.red, **self.knobs) or False
-        self.direct = run
-        return run
-
     def _schedule(self, x, out, tag, seq):
-        """The schedule, blocking, on call number ``seq`` (taken): a call the
-        direct runner left to it."""
+        """The schedule, blocking, on call number ``seq`` (taken): a call
+        the program's window did not take (Executable.ready)."""
         st, red, entry, knobs = self.st, self.red, self.entry, self.knobs
         flat = out.reshape(-1)
         if entry.prepare is not None:
@@ -298,23 +290,19 @@ class KeptAllreduce(_Kept):
             if exe is None:
                 exe = self._compiled(x)
             if not exe:
-                run = self.direct
-                if run is None:
-                    run = self._direct(x)
-                if not run:
-                    return self._plan(x, out, st.pool).run()
+                return self._plan(x, out, st.pool).run()
         busy = st.busy
         if engine._running_callbacks or not busy.acquire(False):
             enter(st)  # raises the error that applies
         try:
             if dt is None:
                 seq, tag = st.next_seq()
-                if exe:  # the compiled schedule, one C call
+                if exe.probe and not exe.ready():  # shm's window busy or too small: the schedule waits its turn
+                    self._schedule(x, out, tag, seq)  # (the same call number)
+                else:  # the program, one C call
                     exe.run(out, None if mode == 1 else x, tag, seq)
                     if exe.gated is None:
                         _gate_program(self, exe)
-                elif not run(out, None if mode == 1 else x):  # (C-contiguous: no flat views needed)
-                    self._schedule(x, out, tag, seq)  # (the same call number)
             else:
                 st.next_seq()
                 nat = self.nat
@@ -340,22 +328,18 @@ class KeptAllreduce(_Kept):
         if st.size == 1:
             return self._plan(x, out, None).start()
         if self.datatype is None:
-            if self.entry.direct is not None:  # the algorithm's own C path (shm), where it takes the call
-                run = self.direct
-                if run is None:
-                    run = self._direct(x)
-                req = self._start_direct(run, x, out) if run else None
-                return req if req is not None else self._plan(x, out, None).start()
-            # Nonblocking: the executor only for short messages. Measured
-            # (docs/results/compiled-executor.md): from 1 MiB the generator
-            # under the progress thread overlapped numpy compute far better
-            # (ring 84 % vs 10 %), so long messages keep it.
-            if x.nbytes >= engine.WAKE_MIN_BYTES:
+            # Nonblocking: a recorded schedule on the executor only for short
+            # messages. Measured (docs/results/compiled-executor.md): from
+            # 1 MiB the generator under the progress thread overlapped numpy
+            # compute far better (ring 84 % vs 10 %), so long messages keep
+            # it. shm's program (its copies and reduction are the call) at
+            # every size it serves, while its window takes it.
+            if self.entry.program is None and x.nbytes >= engine.WAKE_MIN_BYTES:
                 return self._plan(x, out, None).start()
             exe = self.exe
             if exe is None:
                 exe = self._compiled(x)
-            if not exe:
+            if not exe or (exe.probe and not exe.ready()):
                 return self._plan(x, out, None).start()
             return self._start_compiled(exe, x, out)
         busy = st.busy
@@ -378,14 +362,6 @@ class KeptAllreduce(_Kept):
         else:
             finish = None
         return engine.start_native(req, out, finish, x.nbytes, st, keep=(x, out))
-
-    def _start_direct(self, run, x, out):
-        """The direct runner's request, or None when it declines the call
-        now (then the schedule runs it: nothing was numbered)."""
-        st, red = self.st, self.red
-        flat, size = out.reshape(-1), st.size
-        finish = (lambda: red.finish(flat, size)) if self.avg else None
-        return start_direct(st, run, flat, None if out is x else x.reshape(-1), out, finish)
 
     def _start_compiled(self, exe, x, out):
         st, red = self.st, self.red

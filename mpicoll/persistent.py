@@ -14,7 +14,7 @@ from . import native as _native
 from . import program as _program
 from . import schedule as _sched
 from .buffers import Copy
-from .runtime import Plan, Then, _then, enter, start_direct
+from .runtime import Plan, Then, _then, enter
 
 
 class _PyFront:
@@ -95,25 +95,26 @@ class Persistent(_Front):
             self._front(plan.st, engine, plan.result, steps(plan.stage, plan.prologue), steps(self._finish))
             self._fast = self._mpi
         # A compilable schedule is recorded once, here, and every start runs
-        # the recording in the C executor (executor.py); shm has a runner
-        # of its own in C (registry ``direct``).
-        self._exe = self._kit = self._direct = None
+        # the recording in the C executor (executor.py); shm writes its
+        # program itself (registry ``program``), run at each start where its
+        # window takes it.
+        self._exe = self._kit = None
         rec = plan.recordable
-        if self._mpi is None and rec is not None and plan.st.size > 1 and rec[0].direct is not None:
-            # The algorithm's own C path (shm's one-chunk call), at each start where it takes the call.
-            entry, buf, red, src, knobs = rec
-            self._direct = entry.direct(plan.st, buf.size, buf.itemsize, red, **knobs)
-        elif self._mpi is None and rec is not None and rec[0].compilable and plan.st.size > 1 \
-                and _executor.enabled() and plan.nbytes < engine.WAKE_MIN_BYTES:
-            # (long messages overlap better on the generator: see start)
+        if self._mpi is None and rec is not None and plan.st.size > 1 and _executor.enabled() \
+                and (rec[0].program is not None or (rec[0].compilable and plan.nbytes < engine.WAKE_MIN_BYTES)):
+            # (long messages of a recorded schedule overlap better on the generator: see kept.py)
             entry, buf, red, src, knobs = rec
             try:
-                prog = _program.record(entry.schedule, plan.st, buf.size, buf.dtype, red, src is not None, knobs)
+                if entry.program is not None:
+                    prog = entry.program(plan.st, buf.size, buf.dtype, red, src is not None, **knobs)
+                else:
+                    prog = _program.record(entry.schedule, plan.st, buf.size, buf.dtype, red, src is not None,
+                                           knobs)
+            except _program.NotCompilable:
+                prog = None
+            if prog is not None:
                 self._exe = _executor.Executable(prog, plan.st, red, plan.collective, plan.algorithm)
                 self._kit = self._new_kit()
-            except _program.NotCompilable:
-                pass
-            else:
                 self._bind_program()
 
     def _bind_program(self) -> None:
@@ -192,7 +193,7 @@ class Persistent(_Front):
             else:
                 self._req = engine.start_native(self._mpi, plan.result, self._finish, plan.nbytes, st,
                                                 time.monotonic() + plan.timeout, self._expired, keep=plan)
-        elif self._exe is not None:
+        elif self._exe is not None and (not self._exe.probe or self._exe.ready()):
             st = plan.st
             enter(st)
             try:
@@ -207,18 +208,9 @@ class Persistent(_Front):
                                         plan.nbytes)
             finally:
                 st.busy.release()
-        else:
-            self._req = self._start_direct() if self._direct is not None else None
-            if self._req is None:
-                self._req = plan.start(self._pool)
+        else:  # the schedule (also a shm program's start its window does not take now)
+            self._req = plan.start(self._pool)
         self._active = True
-
-    def _start_direct(self):
-        """The direct runner's request, or None when it declines this start
-        (then the schedule runs it: nothing was numbered)."""
-        plan = self._plan
-        _, buf, _, src, _ = plan.recordable
-        return start_direct(plan.st, self._direct, buf, src, plan.result, plan.finish, plan.inputs)
 
     def _wait(self):
         if not self._active:

@@ -210,7 +210,7 @@ def _allreduce(x, op, comm, out, algorithm, dtype, compression, reproducible, ch
         plan.native = entry.native(st.comm, flat, red, src)
     if timeout is None and stage is None and unstage is None and flat.dtype == arr.dtype:
         plan.kept = KeptAllreduce(st, name, entry, knobs, red, entry.native is not None)
-    if (entry.compilable or entry.direct is not None) and timeout is None:
+    if (entry.compilable or entry.program is not None) and timeout is None:
         plan.recordable = (entry, flat, red, src, knobs)
     return _blocking_pool(plan, nonblocking)
 

@@ -27,7 +27,9 @@ The program (executor.h has the step codes):
 
 * ``steps``: int64 (n, 8): SEND/RECV (slot, region, offset, bytes, peer),
   WAIT (list index, k), REDUCE (dst, a, b as region/offset pairs, count),
-  REDUCE_MANY (dst, list index, k, count), COPY (dst, src, bytes);
+  REDUCE_MANY (dst, list index, k, count), COPY (dst, src, bytes); SHM
+  (window, list index of the signature, count, item size), the one step
+  of the program shm.py writes for a one-chunk call (never recorded);
 * ``lists``: the waits' (slot, expected bytes or -1 for a send) pairs and the
   k-way reductions' (region, offset) sources;
 * ``scratch``: the byte size of each scratch region (region 2 + i);
@@ -43,7 +45,7 @@ import numpy as np
 
 from . import schedule as _sched
 
-SEND, RECV, WAIT, REDUCE, REDUCE_MANY, COPY = 1, 2, 3, 4, 5, 6
+SEND, RECV, WAIT, REDUCE, REDUCE_MANY, COPY, SHM = 1, 2, 3, 4, 5, 6, 7
 WIDTH = 8
 BUF, SRC = 0, 1
 
@@ -63,9 +65,9 @@ class NotCompilable(Exception):
 class Program:
     """One rank's recorded schedule (see the module docstring)."""
 
-    __slots__ = ("steps", "lists", "scratch", "slots", "maxk", "nbytes", "has_src", "messages")
+    __slots__ = ("steps", "lists", "scratch", "slots", "maxk", "nbytes", "has_src", "messages", "keep", "explain")
 
-    def __init__(self, steps, lists, scratch, slots, maxk, nbytes, has_src):
+    def __init__(self, steps, lists, scratch, slots, maxk, nbytes, has_src, keep=None, explain=None):
         self.steps = np.array(steps, np.int64).reshape(-1, WIDTH)
         self.lists = np.array(lists if lists else [0], np.int64)
         self.scratch = tuple(scratch)
@@ -74,6 +76,11 @@ class Program:
         self.nbytes = nbytes
         self.has_src = has_src
         self.messages = len(slots)
+        # A program an algorithm writes itself (registry ``program``: shm's
+        # one step) may point outside its regions: ``keep`` owns that memory,
+        # ``explain(status, ctx)`` gives the exception for its step's error
+        # (executor ESHM); None for recorded programs.
+        self.keep, self.explain = keep, explain
 
     def __repr__(self):
         return (f"<mpicoll.Program {len(self.steps)} steps, {self.messages} messages, "

@@ -60,8 +60,9 @@ call from the cross communicator's profile, not once per chunk inside the
 schedule). ``native`` marks the MPI library's own collective (the plan
 layer may then call it directly, or use MPI's persistent form);
 ``compilable`` a schedule a kept plan may record for the C executor;
-``direct`` gives a kept all-reduce signature a runner of its whole blocking
-call in C (shm's, for a message of one chunk).
+``program`` gives a kept all-reduce signature a program for the executor
+that the algorithm writes itself instead (shm's one-chunk call: a step
+that is not a message).
 
 The registry's entries are also callable with a blocking signature,
 ``get("allreduce", "ring")(st, buf, red, src=None, **knobs)``, which runs
@@ -80,19 +81,21 @@ class Algorithm:
     """One registered algorithm of one collective."""
 
     __slots__ = ("collective", "name", "schedule", "knobs", "prepare", "native", "compilable", "doc",
-                 "check_values", "direct")
+                 "check_values", "program")
 
     def __init__(self, collective: str, name: str, schedule: Callable, knobs: Tuple[str, ...] = (),
                  prepare: Optional[Callable] = None, native: Optional[Callable] = None, compilable: bool = False,
-                 check_values: Optional[Callable] = None, direct: Optional[Callable] = None):
+                 check_values: Optional[Callable] = None, program: Optional[Callable] = None):
         self.collective = collective
-        # direct(st, n, itemsize, red, **knobs) -> run or None: for a kept
-        # all-reduce signature, a runner ``run(buf, src) -> bool`` of the
-        # whole blocking call in C (shm's one-chunk call), or None where the
-        # schedule always runs it. run() returns False, having done
-        # nothing, to leave one call to the schedule. It must meet ranks
-        # that run the schedule exactly (same messages, syncs, state after).
-        self.direct = direct
+        # program(st, n, dtype, red, has_src, **knobs) -> program.Program or
+        # None: for a kept all-reduce signature (persistent requests
+        # included), the program the C executor runs for it, written by the
+        # algorithm rather than recorded from its schedule (shm's one-chunk
+        # call), or None where the schedule runs it. Its runs must meet
+        # ranks that run the schedule exactly (same messages, syncs, state
+        # after); where it cannot take a call now, the executor's probe
+        # says so before the call is numbered and the schedule runs it.
+        self.program = program
         # check_values(knobs): raises ValueError for a knob value the
         # algorithm refuses; local and pure, so a bad value fails on every
         # rank and at every size, p = 1 included, before any message.
@@ -141,12 +144,12 @@ _REGISTRY: Dict[str, Dict[str, Algorithm]] = {c: {} for c in COLLECTIVES}
 
 
 def register(collective: str, name: str, *, knobs=(), prepare=None, native=None, compilable=False,
-             check_values=None, direct=None):
+             check_values=None, program=None):
     def deco(fn):
         table = _REGISTRY[collective]
         if name in table or name == "auto":
             raise ValueError(f"algorithm {name!r} registered twice for {collective}")
-        table[name] = Algorithm(collective, name, fn, knobs, prepare, native, compilable, check_values, direct)
+        table[name] = Algorithm(collective, name, fn, knobs, prepare, native, compilable, check_values, program)
         return fn
 
     return deco

@@ -42,25 +42,6 @@ def enter(st) -> None:
             "thread its own communicator (comm.Dup())")
 
 
-def start_direct(st, run, buf, src, result, finish, inputs=None):
-    """Start a call through an algorithm's direct runner (registry
-    ``direct``, shm's C path) behind the one-thread gate: its request, or
-    None when the runner declines the call now (then the caller runs the
-    schedule, which numbers the call: nothing was numbered here).
-    ``inputs``: what a (re)start does first (Plan.inputs), run only when
-    the runner takes the call."""
-    enter(st)
-    try:
-        if not run.ready():
-            return None
-        if inputs is not None:
-            inputs()
-        st.next_seq()
-        return run.start(buf, src, result, finish)
-    finally:
-        st.busy.release()
-
-
 class Plan:
     """One validated collective call, ready to run.
 
@@ -94,8 +75,8 @@ class Plan:
         # it under the call's signature), or None.
         self.kept = None
         # (entry, buf, red, src, knobs) of an all-reduce schedule that is
-        # compilable or has a direct runner (registry): what a persistent
-        # request records once for the C executor, or runs through the runner.
+        # compilable or has a program of its own (registry): what a
+        # persistent request records (or has written) once for the C executor.
         self.recordable = None
 
     def _context(self, pool):

@@ -330,7 +330,7 @@ SHM_MIN_RANKS_PER_NODE = 5
 # the ring streams it.
 SHM_MAX_BLOCK_BYTES = 4 << 20
 # ... but a kept *blocking* shm call of one chunk now runs whole in C
-# (shm.direct: no Python per step). On one node it beat MPI_Allreduce
+# (shm.program, the executor's shared-memory step: no Python per step). On one node it beat MPI_Allreduce
 # through mpicoll, the compiled ring and the native call in these ranges
 # (float32 sum, MPICH, median us; `python -m mpicoll.bench allreduce --mode
 # out --stat median --repeat 5 --algorithms shm,ring,mpi`, two runs at p=2):

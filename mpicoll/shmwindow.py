@@ -22,7 +22,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import dtypes as _dtypes
-from . import engine
+from . import executor as _executor
 from . import ops as _ops
 from ._kernels import ffi, lib
 from .errors import MismatchError
@@ -57,7 +57,10 @@ ROUND_S = 0.05
 # Each rank's flag slot (FLAG_STRIDE bytes, as int64 words): the counter,
 # then the call's signature (SIG_WORDS words) in two copies, by the parity
 # of the check's number (see ShmWindow.publish).
-SIG_WORDS = 4
+SIG_WORDS = lib.MPICOLL_SHM_SIG_WORDS
+
+# The executor's shared-memory step (shm.program) waits with this back-off.
+_executor.use_shm(SPINS, YIELD_S, ROUND_S)
 
 
 class ShmWindow:
@@ -65,7 +68,7 @@ class ShmWindow:
     slot s (2 slots per rank, ``slot_bytes`` each), as a uint8 array; a
     header before the slots holds the sync flags."""
 
-    def __init__(self, local: MPI.Intracomm, slot_bytes: int, sync: str = "flags"):
+    def __init__(self, local: MPI.Intracomm, slot_bytes: int, sync: str = "flags", ctl=None):
         if sync not in ("flags", "barrier"):
             raise ValueError(f"mpicoll: shm sync must be 'flags' or 'barrier', not {sync!r}")
         k = local.Get_size()
@@ -83,11 +86,14 @@ class ShmWindow:
             mem, _ = self.win.Shared_query(r)
             self._mem.append(np.frombuffer(mem, np.uint8))
         self.local = local
-        self.turn = 0  # the slot the next chunk uses (same on every rank)
         self.k, self.me = k, local.Get_rank()
         self.sync_mode = sync
-        self.epoch = 0  # sync points passed (same on every rank); counters start at 0
-        self.checks = 0  # signature checks passed (same on every rank)
+        # The counters (turn, epoch, checks: properties below) live in C
+        # memory, a struct mpicoll_shm_ctl (kernels.h): the communicator's
+        # (shm_ctl) for the "flags" window, whose calls also run in C (the
+        # executor's shared-memory step), a window's own otherwise.
+        self._ctl = ctl if ctl is not None else ffi.new("struct mpicoll_shm_ctl *")
+        self.turn = self.epoch = self.checks = 0  # a new window: flags at 0, slot 0 first
         flags = self._mem[0]
         if self.me == 0:
             flags[:self.header] = 0  # rank 0 clears the flags ...
@@ -95,13 +101,45 @@ class ShmWindow:
         self._my_flag = ffi.cast("int64_t *", ffi.from_buffer(flags[self.me * FLAG_STRIDE:]))
         # Every rank's flag slot as int64 words: [counter, signature, signature].
         self._slots = np.frombuffer(flags[:self.header], np.int64).reshape(-1, FLAG_STRIDE // 8)[:k]
-        self._c_slots = None  # per turn, every rank's slot as a C pointer array (run_chunk)
+        # For C: every rank's slot of each turn, room for k sources, the flags.
+        self._c_slots = [ffi.new("char *[]", [ffi.from_buffer(v) for v in self.slots(np.uint8)[s]]) for s in (0, 1)]
         self._c_srcs = ffi.new("const void *[]", k)
+        c = self._ctl
+        c.k, c.me, c.flags, c.stride = k, self.me, self._flags, FLAG_STRIDE
+        c.slots0, c.slots1, c.srcs = self._c_slots[0], self._c_slots[1], self._c_srcs
         self._barrier_sync()  # ... before anyone uses a flag
+        c.slot_bytes = slot_bytes  # (last: C takes calls from now on)
         global _serial
         _serial += 1
         self._serial = _serial
         _live[_serial] = self
+
+    @property
+    def turn(self) -> int:
+        """The slot the next call uses (the same on every rank)."""
+        return self._ctl.turn
+
+    @turn.setter
+    def turn(self, v: int) -> None:
+        self._ctl.turn = v
+
+    @property
+    def epoch(self) -> int:
+        """Sync points passed (the same on every rank); the counters start at 0."""
+        return self._ctl.epoch
+
+    @epoch.setter
+    def epoch(self, v: int) -> None:
+        self._ctl.epoch = v
+
+    @property
+    def checks(self) -> int:
+        """Signature checks passed (the same on every rank)."""
+        return self._ctl.checks
+
+    @checks.setter
+    def checks(self, v: int) -> None:
+        self._ctl.checks = v
 
     def slot(self, r: int, s: int) -> np.ndarray:
         start = self.header + s * self.slot_bytes
@@ -155,32 +193,7 @@ class ShmWindow:
         want = list(sig)
         if all(row == want for row in seen):
             return
-        raise _mismatch(np.array(seen, np.int64), info, ctx)
-
-    def chunk(self, buf, own, red, sig) -> "_Chunk":
-        """One call of one chunk through csrc/shmsync.c's
-        mpicoll_shm_allreduce: the shm schedule's steps 1-5 with the same
-        slot, syncs and signature words (a rank running it meets ranks
-        running the schedule), and the same turn and counts afterwards.
-        ``sig``: the call's signature as c_signature() gives it. The caller
-        has checked that the message fits a slot and that no earlier call
-        is queued on the window."""
-        if self._c_slots is None:
-            self._c_slots = [ffi.new("char *[]", [ffi.from_buffer(v) for v in self.slots(np.uint8)[s]])
-                             for s in (0, 1)]
-        return _Chunk(self, buf, own, red, sig)
-
-    def run_chunk(self, buf, own, red, sig, info, st) -> None:
-        """chunk(), blocking: the first pass waits up to ROUND_S at each
-        sync in C; a peer later than that is waited for in wait_flags
-        (Ctrl-C is seen there), then the call goes on from that sync.
-        MismatchError as verify raises it (``st``: the communicator's
-        state, for the rank and call number it names)."""
-        call = self.chunk(buf, own, red, sig)
-        rc = call.finish()
-        err = call.end(rc, info, st, st.seq - 1)  # (the caller took the call's number just before)
-        if err is not None:
-            raise err
+        raise mismatch(np.array(seen, np.int64), info, ctx)
 
     def _ibarrier(self):
         self.win.Sync()
@@ -193,140 +206,15 @@ class ShmWindow:
         return ctx.native(self._barrier_sync, self._ibarrier)
 
     def free(self) -> None:
+        c = self._ctl
+        c.slot_bytes = 0  # (first: C takes no call from now on)
+        c.flags = c.slots0 = c.slots1 = c.srcs = ffi.NULL
         self._mem, self._views = [], {}  # no view or pointer may outlive the memory
         self._flags = self._my_flag = self._slots = self._c_slots = None
         if self.win != MPI.WIN_NULL and not MPI.Is_finalized():
             self.win.Unlock_all()
             self.win.Free()
         _live.pop(self._serial, None)
-
-
-_YIELD_NS, _ROUND_NS = int(YIELD_S * 1e9), int(ROUND_S * 1e9)
-
-
-class _Chunk:
-    """One one-chunk call in C (ShmWindow.chunk): ``step`` runs it on from
-    the stage it is at (0, then the sync it stopped at) for at most
-    ``budget_ns`` at each sync; ``finish`` waits for it to end; ``end``
-    settles the window's turn and counts and gives the error, if any."""
-
-    __slots__ = ("w", "buf", "own", "c_buf", "c_own", "n", "size", "op", "dt", "sig", "lo", "first", "slots",
-                 "stage")
-
-    def __init__(self, w, buf, own, red, sig):
-        self.w, self.sig = w, sig
-        self.buf, self.own = buf, own  # (the arrays the pointers point into)
-        self.c_buf = ffi.from_buffer(buf, require_writable=True)
-        self.c_own = self.c_buf if own is buf else ffi.from_buffer(own)
-        self.n, self.size, self.op, self.dt = buf.size, buf.itemsize, red._opcode, red._dtcode
-        w.checks += 1
-        self.lo = 1 + (w.checks & 1) * SIG_WORDS  # (ShmWindow._sig_words)
-        self.first = w.epoch + 1
-        w.epoch = self.first  # the first sync is posted by the first step
-        self.slots = w._c_slots[w.turn]
-        self.stage = 0
-
-    def step(self, spins: int, budget_ns: int) -> int:
-        """The C function's status: 1 or 2 (waiting at that sync: the next
-        step goes on from there), 0 (complete) or an error (< 0)."""
-        w = self.w
-        rc = lib.mpicoll_shm_allreduce(self.slots, w.k, w.me, self.c_buf, self.c_own, self.n, self.size, self.op,
-                                       self.dt, w._flags, FLAG_STRIDE, self.first, self.sig, self.lo, SIG_WORDS,
-                                       self.stage, spins, _YIELD_NS, budget_ns, w._c_srcs)
-        if rc > 0:
-            self.stage = rc
-        return rc
-
-    def finish(self) -> int:
-        """Blocking: steps that wait up to ROUND_S at each sync in C; a peer
-        later than that is waited for in wait_flags (Ctrl-C is seen
-        there). The last step's status."""
-        w = self.w
-        rc = self.step(SPINS, _ROUND_NS)
-        while rc > 0:
-            wait_flags(w._flags, w.k, self.first + rc - 1)
-            rc = self.step(0, _ROUND_NS)
-        return rc
-
-    def end(self, rc: int, info, st, seq: int):
-        """After the last step (``rc`` <= 0): None, or the exception
-        (naming the rank of ``st`` and call number ``seq``)."""
-        w = self.w
-        if rc == lib.MPICOLL_SHM_EMISMATCH:
-            return _mismatch(w._slots[:, self.lo:self.lo + SIG_WORDS].copy(), info,
-                             _Where(st, self.n * self.size, seq))
-        w.turn ^= 1  # the signatures agreed: the schedule turns here too
-        if rc:
-            return RuntimeError(f"mpicoll: the shared-memory reduction kernel refused its arguments (status {rc})")
-        w.epoch = self.first + 1
-        return None
-
-
-class _Where:
-    """What a MismatchError names of a call run without a schedule context
-    (ShmWindow.run_chunk): its info and rank, as a context has them."""
-
-    def __init__(self, st, nbytes, seq):
-        self.info, self.rank = ("allreduce", "shm", nbytes, seq), st.rank
-
-
-class ChunkRequest(engine.Request):
-    """A one-chunk call (ShmWindow.chunk) in flight, nonblocking: each pass
-    (the start, then the engine's progress: test(), wait(), the progress
-    thread) runs it in C from the sync it stopped at, testing each sync
-    once. It holds ``ticket`` in the window's queue until it ends, so
-    that the calls started after it wait their turn, as behind a
-    schedule's call."""
-
-    def __init__(self, call, queue, ticket, info, result, finish, st):
-        super().__init__(result, None, finish, None, st)
-        self._call, self._queue, self._ticket, self._info = call, queue, ticket, info
-        # (the engine's _st is released at completion; an error names the
-        # rank and this call's number, taken just before)
-        self._comm_state, self._seq = st, st.seq - 1
-
-    def _pass(self) -> int:
-        """One pass: 1 if it reached another sync, 0 if not, -1 once finished."""
-        before = self._call.stage
-        rc = self._call.step(0, 0)
-        if rc > 0:
-            return int(rc != before)
-        self._settle_rc(rc)
-        return -1
-
-    def _settle_rc(self, rc) -> None:
-        err = self._call.end(rc, self._info, self._comm_state, self._seq)  # the turn and counts first,
-        self._queue.remove(self._ticket)  # then the next call's turn
-        if err is None:
-            self._end()
-        else:
-            self._fail(err)
-
-    def wait(self):
-        if not self._seen_done() and engine.claim_alone(self):
-            # Nothing else in flight: finish as a blocking call does, waiting
-            # in C with the GIL released (the engine's polling from Python
-            # costs a core that a peer sharing it needs).
-            try:
-                rc = self._call.finish()
-            except BaseException:  # Ctrl-C while a peer is late: back to the engine, still pending
-                engine.unclaim(self)
-                raise
-            engine.finish_claimed(self, self._settle_rc, rc)
-        else:
-            engine._engine.wait(self)
-        self._raise()
-        return self.result
-
-    # ---- called with the engine lock held ----
-    def _start(self) -> None:
-        self._pass()
-
-    def _advance(self) -> int:
-        return -1 if self._finished else self._pass()
-
-    def __repr__(self):
-        return f"<mpicoll shm request {'complete' if self.done else 'pending'}>"
 
 
 class _FlagSync:
@@ -387,11 +275,6 @@ def signature(nbytes: int, red, chunk_bytes: int):
     return (nbytes, red.dtype.code, red.op.code << 1 | red.op.average, chunk_bytes)
 
 
-def c_signature(sig):
-    """``sig`` (signature()) as the C array run_chunk takes."""
-    return ffi.new("int64_t[]", list(sig))
-
-
 _SIG_FIELDS = ("count", "dtype", "op", "chunk_bytes")
 
 
@@ -404,7 +287,7 @@ def _sig_value(field: str, word: int):
     return word
 
 
-def _mismatch(seen, info, ctx):
+def mismatch(seen, info, ctx):
     """The MismatchError for the signatures ``seen`` (one row per local rank)."""
     ranks = info.node_ranks[info.node]
     for j, field in enumerate(_SIG_FIELDS):
@@ -450,12 +333,26 @@ def window_key(sync: str) -> str:
     return "shm" if sync == SYNC else f"shm-{sync}"  # one window per sync mode (benchmarks compare them)
 
 
+def shm_ctl(st):
+    """The communicator's struct mpicoll_shm_ctl (kernels.h): its "flags"
+    window's counters and pointers, and the calls queued and running on
+    it; made once, kept across the window's replacements."""
+    c = st.extra.get("shm-ctl")
+    if c is None:
+        c = st.extra["shm-ctl"] = ffi.new("struct mpicoll_shm_ctl *")
+    return c
+
+
+def _new(st, local, slot_bytes, sync):
+    return ShmWindow(local, slot_bytes, sync, shm_ctl(st) if sync == SYNC else None)
+
+
 def window(st, info, sync: str = "flags") -> ShmWindow:
     """The communicator's window, made (collectively) on first use."""
     key = window_key(sync)
     w = st.extra.get(key)
     if w is None:
-        w = st.extra[key] = ShmWindow(info.local, FIRST_SLOT_BYTES, sync)
+        w = st.extra[key] = _new(st, info.local, FIRST_SLOT_BYTES, sync)
     return w
 
 
@@ -467,5 +364,5 @@ def grow(st, w: ShmWindow, nbytes: int) -> ShmWindow:
     w.free()
     slot = min(max(nbytes, 2 * w.slot_bytes), MAX_SLOT_BYTES)  # geometric growth: few re-allocations
     slot = -(-slot // 4096) * 4096  # MAX_SLOT_BYTES is a multiple of 4096 too
-    new = st.extra[window_key(w.sync_mode)] = ShmWindow(w.local, slot, w.sync_mode)
+    new = st.extra[window_key(w.sync_mode)] = _new(st, w.local, slot, w.sync_mode)
     return new

@@ -1,7 +1,7 @@
 """Shared-memory safety cases, run by tests/test_shm_safety.py as
 
     mpiexec -n P python -m mpi4py tests/shm_case.py mismatch ALGORITHM NODE_SIZE
-    mpiexec -n P python -m mpi4py tests/shm_case.py sigint
+    mpiexec -n P python -m mpi4py tests/shm_case.py sigint FORM
 
 mismatch: the ranks of every (possibly faked, MPICOLL_FAKE_NODE_SIZE) node
 disagree on the message: the last rank of each node ("odd") passes another
@@ -11,11 +11,15 @@ Every rank prints R<rank>:<case>:MISMATCH (or TIMEOUT / returned / ERROR),
 then all make a matching call, whose result is checked, and print
 R<rank>:<case>:recovered: the window is still usable after the error.
 
-sigint: rank 1 stops taking part after one call. Rank 0 first waits for it
-in a nonblocking call with a deadline (R0:TIMEOUT), then in a blocking one
-with none: it prints R0:pid:<pid> and R0:waiting, and is sent SIGINT from
-outside: it must print R0:INTERRUPTED (KeyboardInterrupt reached Python),
-then the uncaught exception ends the job.
+sigint: rank 1 stops taking part after a few calls. Rank 0 first waits
+for it in a nonblocking call with a deadline (R0:TIMEOUT; FORM "schedule"
+only), then in a call with none: it prints R0:pid:<pid> and R0:waiting,
+and is sent SIGINT from outside: it must print R0:INTERRUPTED
+(KeyboardInterrupt reached Python), then the uncaught exception ends the
+job. FORM: "schedule" (the blocking call runs shm's schedule after the
+timed-out one), or, after two calls that make each one-chunk path run in
+C, "blocking" (the kept call gated in C), "persistent" (the C front's run)
+or "nonblocking" (the engine's request over the program).
 """
 import os
 import signal
@@ -40,20 +44,29 @@ if case == "sigint":
     # terminal, even where this job was started in the background by a shell
     # without job control (its processes then inherit SIGINT ignored).
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    form = sys.argv[2]
     comm = MPI.COMM_WORLD.Dup()
-    mpicoll.allreduce(np.ones(1000, np.float32), comm=comm, algorithm="shm")  # the window exists
+    x, y = np.ones(1000, np.float32), np.empty(1000, np.float32)
+    pr = mpicoll.allreduce_init(x, out=y, comm=comm, algorithm="shm")
+    calls = {"schedule": lambda: mpicoll.allreduce(x.copy(), comm=comm, algorithm="shm"),
+             "blocking": lambda: mpicoll.allreduce(x, out=y, comm=comm, algorithm="shm"),
+             "persistent": pr,
+             "nonblocking": lambda: mpicoll.iallreduce(x, out=y, comm=comm, algorithm="shm").wait()}
+    for _ in range(1 if form == "schedule" else 3):  # the window exists; from the second call on, C
+        calls[form]()
     if rank == 1:
         time.sleep(120)  # never takes part again; the job ends when rank 0's exception aborts it
     else:
-        try:
-            mpicoll.iallreduce(np.ones(1000, np.float32), comm=comm, algorithm="shm", timeout=1.0).wait()
-            report("returned")
-        except mpicoll.CollectiveTimeout:
-            report("TIMEOUT")
+        if form == "schedule":
+            try:
+                mpicoll.iallreduce(np.ones(1000, np.float32), comm=comm, algorithm="shm", timeout=1.0).wait()
+                report("returned")
+            except mpicoll.CollectiveTimeout:
+                report("TIMEOUT")
         report(f"pid:{os.getpid()}")
         report("waiting")
         try:
-            mpicoll.allreduce(np.ones(1000, np.float32), comm=comm, algorithm="shm")
+            calls[form]()
             report("returned")
         except KeyboardInterrupt:
             report("INTERRUPTED")

@@ -303,8 +303,9 @@ def _kept_shm(comm, algorithm="shm"):
 
 @pytest.mark.parametrize("algorithm", ["shm", "hierarchical"])  # (on one node hierarchical is shm)
 def test_direct_calls_meet_schedule_calls(algorithm):
-    """A kept shm call of one chunk runs in C (shm.direct), blocking or
-    not, the others' through the schedule: ranks of both kinds meet, with the bits of the
+    """A kept shm call of one chunk runs in C (shm.program, the executor's
+    shared-memory step), blocking, nonblocking or persistent, the others'
+    through the schedule: ranks of both kinds meet, with the bits of the
     serial rank-ordered reduction on every rank, then with a MismatchError
     on every rank when the counts differ (the odd rank's call misses its
     kept entry and runs the schedule), and the window works afterwards."""
@@ -339,16 +340,16 @@ def test_direct_calls_meet_schedule_calls(algorithm):
                 # persistent: every start through the same C path
                 pr = mpicoll.allreduce_init(x.copy(), op=op, comm=comm, algorithm=algorithm)
                 got += [pr().copy(), pr().copy()]
-                runners.append(pr._direct)
+                runners.append(pr._exe)
                 pr.free()
                 # (collected, not asserted here: a rank that stopped would leave the others waiting)
                 wrong += [(n, dtype, op, turn) for g in got if g.tobytes() != want]
                 same.add(*got, what=f"{n} {dtype} {op} turn {turn}")
-            runners += [k.direct for k in _kept_shm(comm, algorithm) if k.direct is not None]
+            runners += [k.exe for k in _kept_shm(comm, algorithm) if k.exe is not None]
         same.check()
         assert comm.allgather(wrong) == [[]] * p
-        # Every kept call that was hit again has its C runner, and some were.
-        assert comm.allreduce(int(bool(runners) and all(callable(r) for r in runners)), op=MPI.MIN) == 1
+        # Every kept call that was hit again has its program, and some were.
+        assert comm.allreduce(int(bool(runners) and all(r and r.probe for r in runners)), op=MPI.MIN) == 1
         x = np.ones(1000, np.float32)
         for _ in range(2):
             mpicoll.allreduce(x, comm=comm, algorithm=algorithm)

@@ -2,7 +2,8 @@
 all-reduce algorithm on a few dtypes/ops and awkward counts, in place and
 not, plus reduce_scatter, allgather, bcast, reduce and a pre-flight check;
 wire compression (fp16, bf16, top-k: compress.c), the shared-memory
-all-reduce (its flag sync is shmsync.c), the C executor (executor.c: a
+all-reduce (its flag sync and one-chunk call are shmsync.c, the latter
+also as the executor's step), the C executor (executor.c: a
 repeated call of a compilable algorithm, then gated in native.c), the library's collectives called
 from C (native.c: repeated calls of algorithm "mpi", every collective and
 form), the nonblocking all-reduce and the mpi4py drop-in ``mpicoll.Comm``,
@@ -56,6 +57,15 @@ for dtype in ("float32", "float16", "int32"):
         x = (np.arange(n) % 5 + rank).astype(dtype)
         y = mpicoll.allreduce(x, comm=comm, algorithm="shm")
         assert y.tobytes() == mpicoll.allreduce(x, comm=comm, algorithm="mpi").tobytes(), dtype
+        # shm's one-chunk program in the executor: repeated (gated in native.c),
+        # persistent (the C front's run) and nonblocking (a request's passes)
+        out = np.empty_like(x)
+        pr = mpicoll.allreduce_init(x, out=out, comm=comm, algorithm="shm")
+        for _ in range(3):
+            assert mpicoll.allreduce(x, out=out, comm=comm, algorithm="shm").tobytes() == y.tobytes(), dtype
+            assert pr().tobytes() == y.tobytes(), dtype
+            assert mpicoll.iallreduce(x, comm=comm, algorithm="shm").wait().tobytes() == y.tobytes(), dtype
+        pr.free()
 for n in (0, 7, 20000):
     x = (np.arange(n) % 3 + rank).astype(np.float32)
     got = mpicoll.iallreduce(x, comm=comm).wait()

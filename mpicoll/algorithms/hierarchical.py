@@ -117,11 +117,11 @@ def prepare(st, buf, red=None, *, chunk_bytes=shm.CHUNK_BYTES, sync=None, cross=
     return decided
 
 
-# direct: on one node this schedule is shm's pipeline, on the same window,
-# so shm's C path for one chunk serves it too (shm.direct declines on
+# program: on one node this schedule is shm's pipeline, on the same window,
+# so shm's program for one chunk serves it too (shm.program is None on
 # several nodes, where the schedule runs).
 @register("allreduce", "hierarchical", knobs=("chunk_bytes", "sync", "cross"), prepare=prepare,
-          check_values=shm.check_knob_values, direct=shm.direct)
+          check_values=shm.check_knob_values, program=shm.program)
 def allreduce(ctx, buf, red, src=None, *, chunk_bytes=shm.CHUNK_BYTES, sync=None, cross=None):
     info = node_info(ctx.st)
     if info.nodes == 1:

@@ -54,10 +54,11 @@ Description:  The node's k ranks share one MPI-3 shared-memory window
               included), spinning briefly, then yielding the core at each
               poll for 10 ms, then sleeping with back-off up to 1 ms (the
               peer it waits for may need that core: 4-8 ranks share 2 cores
-              in the tests). The C wait returns to Python every 50 ms at
-              most, so the deadline (``timeout=``) and Ctrl-C
+              in the tests). The schedule's C wait returns to Python every
+              50 ms at most, so the deadline (``timeout=``) and Ctrl-C
               (KeyboardInterrupt) are honoured while a peer is late, dead
-              or absent. "barrier":
+              or absent (the one-chunk program's blocking wait: below).
+              "barrier":
               MPI_Win_sync, MPI_Barrier on the node communicator,
               MPI_Win_sync (the MPI-3 idiom). Measured on the 2-core machine
               at p=2 and 4, 1-64 MiB: flags 1.1-1.7x faster.
@@ -77,10 +78,14 @@ Limitations:  One node only. On a communicator that spans several nodes
               Calls on one communicator take turns on its window in the
               order they were started (the same on every rank), so several
               nonblocking shm all-reduces may be outstanding at once, but
-              they run one after the other. A kept blocking call of one chunk
-              runs all five steps in one C call (``direct``), the
-              others step by step in Python. Nonblocking tests poll the flags
-              once (in C); waits wait in C in bounded rounds. The agreement
+              they run one after the other. A kept call of one chunk
+              (blocking, nonblocking or persistent) runs all five steps as
+              one step of the C executor (``program``): its nonblocking
+              passes test each flag once, a blocking wait waits in C with no
+              bound, like MPI_Wait (Ctrl-C is seen once it returns); the
+              other calls run the schedule, whose waits wait in C in bounded
+              rounds (Ctrl-C and the deadline seen between them). A call
+              with ``timeout=`` always runs the schedule. The agreement
               covers the ranks of one node: on several nodes
               (hierarchical) a node whose ranks agree among themselves but
               not with another node's is caught by the cross-node
@@ -98,10 +103,13 @@ from __future__ import annotations
 import collections
 import itertools
 
+import numpy as np
+
+from .. import program as _program
+from .._kernels import ffi as _ffi, lib as _lib
 from ..registry import get as _get, has, register
 from ..node import node_info
-from .. import engine
-from ..shmwindow import MAX_SLOT_BYTES, SYNC, ChunkRequest, c_signature, grow, signature, window, window_key
+from ..shmwindow import MAX_SLOT_BYTES, SYNC, grow, mismatch, shm_ctl, signature, window, window_key
 from .common import block_bounds
 
 # Chunk size: measured with sweeps of 1, 4 and 16 MiB chunks
@@ -114,18 +122,20 @@ CHUNK_BYTES = MAX_SLOT_BYTES
 
 class _Turn:
     """Waits until the calls started before this one on the communicator's
-    window have finished (every rank starts them in the same order)."""
+    window have finished (every rank starts them in the same order): those
+    queued before it, and a call running in C (the executor's step, which
+    starts only when nothing is queued)."""
 
     what = "an earlier shared-memory call on this communicator"
 
-    def __init__(self, queue, ticket):
-        self.queue, self.ticket = queue, ticket
+    def __init__(self, queue, ticket, ctl):
+        self.queue, self.ticket, self.ctl = queue, ticket, ctl
 
     def post(self) -> None:
         pass
 
     def test(self) -> bool:
-        return self.queue[0] == self.ticket
+        return self.queue[0] == self.ticket and not self.ctl.running
 
     # No wait(): the blocking driver polls test() and advances the calls
     # ahead in the queue, which may be nonblocking (schedule.advance_others).
@@ -167,13 +177,15 @@ def pipeline(ctx, info, buf, red, src, chunk_bytes, between=None, sync=None):
     rank with a longer message never grows the window alone."""
     n = buf.size
     st = ctx.st
-    queue = _queue(st)
+    queue, ctl = _queue(st), shm_ctl(st)
     ticket = next(_tickets)
     queue.append(ticket)
+    ctl.queued = len(queue)  # (calls in C wait for an empty queue)
     try:
-        if queue[0] != ticket:
+        turn = _Turn(queue, ticket, ctl)
+        if not turn.test():
             ctx.phase = "shm: waiting for the window"
-            yield [ctx.custom(_Turn(queue, ticket))]
+            yield [ctx.custom(turn)]
         k, me = info.local_size, info.local_rank
         dtype, size = buf.dtype, buf.itemsize
         cap = _cap(n, size, chunk_bytes) if n else 0
@@ -226,6 +238,7 @@ def pipeline(ctx, info, buf, red, src, chunk_bytes, between=None, sync=None):
                 copy(buf[c0 + qa:c0 + qb], peers[q][qa:qb])
     finally:
         queue.remove(ticket)
+        ctl.queued = len(queue)
 
 
 # On several nodes a window cannot reach every rank: "shm" runs the
@@ -266,66 +279,39 @@ def check_knob_values(knobs) -> None:
     check_cross(knobs.get("cross"))
 
 
-def direct(st, n, itemsize, red, *, chunk_bytes=CHUNK_BYTES, sync=None, cross=None):
+def program(st, n, dtype, red, has_src, *, chunk_bytes=CHUNK_BYTES, sync=None, cross=None):
     """A kept signature's calls in C, when the message is one chunk: a
-    ``_Direct`` whose call (blocking) and ``start`` (nonblocking) do steps
-    1-5 above through ShmWindow.chunk, with the same syncs, slots and
-    signature words as the schedule; the Python of a schedule's steps costs
-    several times what copying and reducing a short message does. None
-    where the schedule always runs the call: several nodes, barrier syncs,
-    an empty message or one longer than a chunk."""
+    program of one executor step (program.SHM, csrc/shmsync.c's
+    mpicoll_shm_run) that does steps 1-5 above with the same syncs, slots,
+    signature words and counters as the schedule, so that ranks running
+    either meet; blocking, nonblocking (each flag wait tested once per
+    pass) and persistent alike. It runs only while the window takes it
+    (the executor's probe: slots big enough, no call queued or running);
+    the schedule runs the others (growing the window, waiting its turn).
+    None where the schedule always runs the call: several nodes, barrier
+    syncs, an empty message or one longer than a chunk."""
+    itemsize = np.dtype(dtype).itemsize
     if not n or n > min(chunk_bytes, MAX_SLOT_BYTES) // itemsize or (sync or SYNC) != "flags":
         return None
     info = node_info(st)
     if info.nodes > 1:
         return None
-    return _Direct(st, info, n * itemsize, red)
+    ctl, nbytes = shm_ctl(st), n * itemsize
 
+    def explain(status, ctx):
+        if status == _lib.MPICOLL_SHM_EMISMATCH:
+            w = st.extra[window_key(SYNC)]
+            lo, hi = w._sig_words()  # (the failed check's: the count stays where it was)
+            return mismatch(w._slots[:, lo:hi].copy(), info, ctx)
+        return RuntimeError(f"mpicoll: the shared-memory reduction kernel refused its arguments (status {status})")
 
-class _Direct:
-    """shm.direct's runner for one signature. Each form declines (False,
-    None), having done nothing, while the window's slots are too small
-    (the schedule grows them after a sync of its own) or calls are queued
-    on the window (nonblocking ones in flight): the schedule runs those."""
-
-    __slots__ = ("st", "info", "nbytes", "red", "sig", "extra", "key")
-
-    def __init__(self, st, info, nbytes, red):
-        self.st, self.info, self.nbytes, self.red = st, info, nbytes, red
-        self.sig = c_signature(signature(nbytes, red, nbytes))
-        self.extra, self.key = st.extra, window_key(SYNC)
-
-    def _window(self):
-        w = self.extra.get(self.key)
-        if w is None or w.slot_bytes < self.nbytes or self.extra.get("shm-queue"):
-            return None
-        return w
-
-    def __call__(self, buf, src) -> bool:
-        """Blocking: the whole call in C (False: left to the schedule)."""
-        w = self._window()
-        if w is None:
-            return False
-        w.run_chunk(buf, buf if src is None else src, self.red, self.sig, self.info, self.st)
-        return True
-
-    def ready(self) -> bool:
-        """Whether start() would take the call now."""
-        return self._window() is not None
-
-    def start(self, buf, src, result, finish):
-        """Nonblocking, after ready(): the call as an engine request
-        (ShmWindow's ChunkRequest), its first pass made."""
-        w = self._window()
-        st = self.st
-        queue, ticket = _queue(st), next(_tickets)
-        queue.append(ticket)
-        call = w.chunk(buf, buf if src is None else src, self.red, self.sig)
-        return engine.submit(ChunkRequest(call, queue, ticket, self.info, result, finish, st), self.nbytes)
+    step = [_program.SHM, int(_ffi.cast("intptr_t", ctl)), 0, n, itemsize, 0, 0, 0]
+    return _program.Program([step], list(signature(nbytes, red, nbytes)), (), (), 1, nbytes, has_src,
+                            keep=ctl, explain=explain)
 
 
 @register("allreduce", "shm", knobs=("chunk_bytes", "sync", "cross"), prepare=_prepare_shm,
-          check_values=check_knob_values, direct=direct)
+          check_values=check_knob_values, program=program)
 def allreduce(ctx, buf, red, src=None, *, chunk_bytes=CHUNK_BYTES, sync=None, cross=None):
     info = node_info(ctx.st)
     if info.nodes > 1:
