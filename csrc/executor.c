@@ -256,11 +256,10 @@ int mpicoll_x_run(struct mpicoll_xstate *x, const int64_t *steps, int64_t nsteps
                 info[0] = x->pc;
                 return MPICOLL_X_DECLINED;
             }
-            /* (a blocking run spins and yields only in its first round: a peer
-             * later than that is waited for sleeping, as the schedule's rounds do) */
-            const int first = blocking && x->shm_stage == 0;
+            /* (blocking: each round spins, yields, then sleeps - also the
+             * first blocking round of a run a nonblocking pass started) */
             rc = shm_run(c, lists + s[2], buf, src != NULL ? src : buf, s[3], (size_t)s[4], op, dtype,
-                         &x->shm_stage, first ? shm_spins : 0, first ? shm_yield_ns : 0,
+                         &x->shm_stage, blocking ? shm_spins : 0, blocking ? shm_yield_ns : 0,
                          blocking ? shm_round_ns : 0);
             if (rc > 0)
                 return MPICOLL_X_PENDING; /* blocking: a round ran out (the caller runs signal handlers) */
