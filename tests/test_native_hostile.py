@@ -218,7 +218,8 @@ def test_persistent_programs_long_i_calls_and_the_doors_memo_off_the_main_road()
     """This session's paths (csrc/native.c: persistent programs started in C,
     the C progress thread for the library's 1-4 MiB I-calls, the doors'
     memo of their last hit), four runs each: a persistent request of every
-    compiled schedule bound to a strided view and to a misaligned buffer,
+    compiled schedule and of shm's program (shm, hierarchical) bound to a
+    strided view and to a misaligned buffer,
     with NaN under min and max; a 1 MiB I-call of the library with NaN, on a
     strided view and on a misaligned buffer; the drop-in's buffer specs on
     the I-calls; one door alternating between two communicators and a new
@@ -226,7 +227,8 @@ def test_persistent_programs_long_i_calls_and_the_doors_memo_off_the_main_road()
     from mpicoll import algorithms as alg
     comm = MPI.COMM_WORLD
     p, r = comm.size, comm.rank
-    names = [n for n in mpicoll.algorithms("allreduce") if n != "auto" and alg.get("allreduce", n).compilable]
+    names = [n for n in mpicoll.algorithms("allreduce")
+             if n != "auto" and (alg.get("allreduce", n).compilable or alg.get("allreduce", n).program is not None)]
     base = np.zeros(14, np.float32)
     raw = bytearray(4 * 7 + 1)
     mis = np.frombuffer(raw, dtype=np.float32, offset=1, count=7)
@@ -289,3 +291,48 @@ def test_persistent_programs_long_i_calls_and_the_doors_memo_off_the_main_road()
             assert np.array_equal(mpicoll.bcast(np.full(3, float(comm.rank)), 0, comm=comm), np.zeros(3))
     finally:
         other.Free()
+
+
+def test_shm_programs_queued_behind_each_other_and_behind_the_schedule():
+    """shm's one-chunk program (the executor's SHM step) while other calls
+    are in flight on the same window, four runs each, on a fresh
+    communicator: an I-call or a persistent start left pending, then a
+    blocking call of the same size (the probe declines: it runs the
+    schedule, which waits for the program), then one of 1 MiB (it grows the
+    window behind the pending ones), then the waits; NaN under max. Every
+    result is the serial rank-ordered reduction's bits, on every rank, and
+    every program came back to the window (nothing left running)."""
+    from mpicoll.commstate import state
+    comm = MPI.COMM_WORLD.Dup()
+    p, r = comm.size, comm.rank
+    try:
+        for name in ("shm", "hierarchical"):
+            x = np.arange(9, dtype=np.float32) * (r + 1)
+            x[r % 9] = np.nan
+            big = np.arange((1 << 20) // 4, dtype=np.float32) + r
+            rows = comm.allgather(x)
+            want = rows[0].copy()
+            for row in rows[1:]:
+                want = np.fmax(want, row)
+            for q in range(p):
+                want[q % 9] = np.nan
+            want_big = np.arange(big.size, dtype=np.float32) * p + p * (p - 1) / 2
+            out = np.empty_like(x)
+            pr = mpicoll.allreduce_init(x, "max", out=out, comm=comm, algorithm=name)
+            for i in range(4):
+                first = mpicoll.iallreduce(x, "max", comm=comm, algorithm=name)
+                pr.start()
+                mid = mpicoll.allreduce(x, "max", comm=comm, algorithm=name)
+                grown = mpicoll.allreduce(big, comm=comm, algorithm=name)
+                later = mpicoll.iallreduce(x, "max", comm=comm, algorithm=name)
+                got = [first.wait(), pr.wait().copy(), mid, later.wait()]
+                for g in got:
+                    assert np.array_equal(g, want, equal_nan=True), (name, i, g, want)
+                    _same_everywhere(comm, g, f"{name} queued")
+                assert np.array_equal(grown, want_big), (name, i)
+            pr.free()
+        if p > 1:
+            ctl = state(comm).extra.get("shm-ctl")
+            assert ctl is not None and ctl.running == 0 and ctl.queued == 0, (ctl.running, ctl.queued)
+    finally:
+        comm.Free()
