@@ -120,6 +120,11 @@ int64_t mpicoll_x_position(const struct mpicoll_xstate *x)
     return x->pc;
 }
 
+int64_t mpicoll_x_mark(const struct mpicoll_xstate *x)
+{
+    return x->pc * 4 + x->shm_stage; /* (a shared-memory step's stage is 0, 1 or 2) */
+}
+
 static inline char *at(char *buf, char *src, char **scratch, int64_t region, int64_t off)
 {
     char *base = region == 0 ? buf : region == 1 ? src : scratch[region - 2];

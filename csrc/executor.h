@@ -100,4 +100,9 @@ int mpicoll_x_run(struct mpicoll_xstate *x, const int64_t *steps, int64_t nsteps
 /* The step the state is at (for error messages). */
 int64_t mpicoll_x_position(const struct mpicoll_xstate *x);
 
+/* How far the run has come: grows with every step done and every sync a
+ * shared-memory step passed (the engine's progress test: a pass that
+ * moved it made progress). */
+int64_t mpicoll_x_mark(const struct mpicoll_xstate *x);
+
 #endif

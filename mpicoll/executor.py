@@ -412,13 +412,13 @@ class ProgramRequest(engine.Request):
         if self._finished:
             return -1
         state = self._kit.state
-        before = lib.mpicoll_x_position(state)
+        before = lib.mpicoll_x_mark(state)
         rc = self._run(0)
         if rc == PENDING:
             if self._deadline is not None and time.monotonic() >= self._deadline:
                 self._fail(self._expired())
                 return -1
-            return int(lib.mpicoll_x_position(state) != before)
+            return int(lib.mpicoll_x_mark(state) != before)
         self._settle_rc(rc)
         return -1
 
