@@ -63,6 +63,20 @@ SIG_WORDS = lib.MPICOLL_SHM_SIG_WORDS
 _executor.use_shm(SPINS, YIELD_S, ROUND_S)
 
 
+class _InCtl:
+    """A window's counter kept in its struct mpicoll_shm_ctl (C memory:
+    the executor's shared-memory step reads and moves it too)."""
+
+    def __init__(self, field: str):
+        self.field = field
+
+    def __get__(self, w, owner=None):
+        return self if w is None else getattr(w._ctl, self.field)
+
+    def __set__(self, w, value) -> None:
+        setattr(w._ctl, self.field, value)
+
+
 class ShmWindow:
     """One shared window on a node communicator: ``slot(r, s)`` is rank r's
     slot s (2 slots per rank, ``slot_bytes`` each), as a uint8 array; a
@@ -114,32 +128,11 @@ class ShmWindow:
         self._serial = _serial
         _live[_serial] = self
 
-    @property
-    def turn(self) -> int:
-        """The slot the next call uses (the same on every rank)."""
-        return self._ctl.turn
-
-    @turn.setter
-    def turn(self, v: int) -> None:
-        self._ctl.turn = v
-
-    @property
-    def epoch(self) -> int:
-        """Sync points passed (the same on every rank); the counters start at 0."""
-        return self._ctl.epoch
-
-    @epoch.setter
-    def epoch(self, v: int) -> None:
-        self._ctl.epoch = v
-
-    @property
-    def checks(self) -> int:
-        """Signature checks passed (the same on every rank)."""
-        return self._ctl.checks
-
-    @checks.setter
-    def checks(self, v: int) -> None:
-        self._ctl.checks = v
+    # The slot the next call uses, the sync points passed (the counters
+    # start at 0) and the signature checks passed: the same on every rank.
+    turn = _InCtl("turn")
+    epoch = _InCtl("epoch")
+    checks = _InCtl("checks")
 
     def slot(self, r: int, s: int) -> np.ndarray:
         start = self.header + s * self.slot_bytes
