@@ -54,11 +54,10 @@ Description:  The node's k ranks share one MPI-3 shared-memory window
               included), spinning briefly, then yielding the core at each
               poll for 10 ms, then sleeping with back-off up to 1 ms (the
               peer it waits for may need that core: 4-8 ranks share 2 cores
-              in the tests). The schedule's C wait returns to Python every
-              50 ms at most, so the deadline (``timeout=``) and Ctrl-C
-              (KeyboardInterrupt) are honoured while a peer is late, dead
-              or absent (the one-chunk program's blocking wait: below).
-              "barrier":
+              in the tests). The C wait returns to its caller every 50 ms
+              at most, so the deadline (``timeout=``, the schedule's) and
+              Ctrl-C (KeyboardInterrupt, every form) are honoured while a
+              peer is late, dead or absent. "barrier":
               MPI_Win_sync, MPI_Barrier on the node communicator,
               MPI_Win_sync (the MPI-3 idiom). Measured on the 2-core machine
               at p=2 and 4, 1-64 MiB: flags 1.1-1.7x faster.
@@ -81,11 +80,10 @@ Limitations:  One node only. On a communicator that spans several nodes
               they run one after the other. A kept call of one chunk
               (blocking, nonblocking or persistent) runs all five steps as
               one step of the C executor (``program``): its nonblocking
-              passes test each flag once, a blocking wait waits in C with no
-              bound, like MPI_Wait (Ctrl-C is seen once it returns); the
-              other calls run the schedule, whose waits wait in C in bounded
-              rounds (Ctrl-C and the deadline seen between them). A call
-              with ``timeout=`` always runs the schedule. The agreement
+              passes test each flag once, a blocking wait waits in C in
+              rounds (its caller runs the signal handlers between them); the
+              other calls run the schedule step by step. A call with
+              ``timeout=`` always runs the schedule. The agreement
               covers the ranks of one node: on several nodes
               (hierarchical) a node whose ranks agree among themselves but
               not with another node's is caught by the cross-node
