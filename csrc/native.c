@@ -2937,16 +2937,52 @@ static void door_forget(Door *d) {
     Py_CLEAR(d->m_version);
 }
 
+/* Whether the door's memo has state ``st`` and a key of the n ``items``,
+ * items[1] standing for x's shape (NULL): a repeated call is compared item
+ * by item, without making its shape and key tuples (their allocation, and
+ * the collections of the cyclic GC that tracked tuples bring on, were a
+ * measurable share of a short call). */
+static int memo_same(Door *d, PyObject *st, PyObject *const *items, Py_ssize_t n, PyArrayObject *x) {
+    PyObject *key = d->m_key;
+    if (st != d->m_st || key == NULL || PyTuple_GET_SIZE(key) != n)
+        return 0;
+    PyObject *shape = PyTuple_GET_ITEM(key, 1);
+    int nd = PyArray_NDIM(x);
+    if (!PyTuple_CheckExact(shape) || PyTuple_GET_SIZE(shape) != nd)
+        return 0;
+    for (int i = 0; i < nd; i++) {
+        PyObject *v = PyTuple_GET_ITEM(shape, i);
+        if (!PyLong_CheckExact(v) || PyLong_AsSsize_t(v) != PyArray_DIMS(x)[i]) {
+            PyErr_Clear();
+            return 0;
+        }
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *m = PyTuple_GET_ITEM(key, i);
+        if (i == 1 || items[i] == m)
+            continue;
+        int eq = PyObject_RichCompareBool(items[i], m, Py_EQ);
+        if (eq <= 0) {
+            PyErr_Clear();
+            return 0;
+        }
+    }
+    return 1;
+}
+
 /* The kept entry of ``key`` in st's plan cache, run through its gated Call
  * on (x, out): the result (blocking), the request (start), ``miss`` for no
  * entry or a call the Call does not take (nothing started), NULL with an
- * error. */
+ * error. ``key`` NULL: the memo's (memo_same said the call's key is it). */
 static PyObject *door_run(Door *d, PyObject *st, PyObject *key, PyObject *x, PyObject *out, int start) {
     PyObject *plans = NULL, *dd = NULL, *k = NULL, *fast = NULL, *res = NULL, *ver = NULL;
     int remembered = 0;
+    if (key == NULL)
+        key = d->m_key;
+    Py_INCREF(key); /* (held: the memo may change below) */
     if ((plans = PyObject_GetAttr(st, s_plans)) != NULL && (ver = PyObject_GetAttr(plans, s_version)) != NULL
         && st == d->m_st && ver == d->m_version) {
-        int same = PyObject_RichCompareBool(key, d->m_key, Py_EQ);
+        int same = key == d->m_key ? 1 : PyObject_RichCompareBool(key, d->m_key, Py_EQ);
         if (same > 0) {
             remembered = 1;
             fast = Py_NewRef(d->m_fast);
@@ -2997,6 +3033,7 @@ static PyObject *door_run(Door *d, PyObject *st, PyObject *key, PyObject *x, PyO
     Py_XDECREF(dd);
     Py_XDECREF(ver);
     Py_XDECREF(plans);
+    Py_DECREF(key);
     if (failed)
         return NULL;
     if (res == NULL) {
@@ -3063,36 +3100,61 @@ static PyObject *door_api(Door *d, PyObject *const *args, size_t nargsf, PyObjec
     if (st == NULL)
         return PyErr_Occurred() ? NULL : door_fallback(d, args, nargsf, kwnames);
     Py_INCREF(st);
-    /* the key, as api.py builds it */
-    if (no_x)
-        Py_INCREF(Py_None);
-    PyObject *shape = no_x ? Py_None : shape_of(xa), *key = NULL, *res = NULL, *name = d->refs[R_NAME];
-    PyObject *descr = (PyObject *)PyArray_DESCR(xa);
+    /* The key, as api.py builds it. Most doors' keys have x's shape and no
+     * other item made from an array (all but scatter's and the v-forms'):
+     * their items are listed first (items[1], the shape, made only when
+     * needed), and a repeated call is compared with the memo's key item by
+     * item before any tuple is made. */
+    PyObject *descr = (PyObject *)PyArray_DESCR(xa), *name = d->refs[R_NAME], *key = NULL, *res = NULL;
     PyObject *mode = mode_ints[out == Py_None ? 0 : out == x ? 1 : 2], *given = out == Py_None ? Py_False : Py_True;
-    if (shape != NULL)
-        switch (w) {
-        case D_ALLREDUCE:
-        case D_IALLREDUCE:
-            key = PyTuple_Pack(6, name, shape, descr, op, algorithm, mode);
-            break;
-        case D_BCAST:
-        case D_IBCAST:
-            key = PyTuple_Pack(5, name, shape, descr, root, algorithm);
-            break;
-        case D_GATHER:
-        case D_IGATHER: /* (no counts: None) */
-            key = PyTuple_Pack(7, name, shape, descr, Py_None, root, algorithm, given);
-            break;
-        case D_REDUCE:
-        case D_IREDUCE: /* (no dtype name: None) */
-            key = PyTuple_Pack(8, name, shape, descr, op, Py_None, root, algorithm, mode);
-            break;
-        case D_ALLGATHER:
-        case D_IALLGATHER:
-            key = PyTuple_Pack(5, name, shape, descr, algorithm, given);
-            break;
-        case D_SCATTER:
-        case D_ISCATTER: /* (x's shape, out's shape or None, no counts: None) */
+    PyObject *items[8] = {name, NULL, descr};
+    Py_ssize_t n = 0;
+    switch (w) {
+    case D_ALLREDUCE:
+    case D_IALLREDUCE:
+        items[3] = op, items[4] = algorithm, items[5] = mode, n = 6;
+        break;
+    case D_BCAST:
+    case D_IBCAST:
+        items[3] = root, items[4] = algorithm, n = 5;
+        break;
+    case D_GATHER:
+    case D_IGATHER: /* (no counts: None) */
+        items[3] = Py_None, items[4] = root, items[5] = algorithm, items[6] = given, n = 7;
+        break;
+    case D_REDUCE:
+    case D_IREDUCE: /* (no dtype name: None) */
+        items[3] = op, items[4] = Py_None, items[5] = root, items[6] = algorithm, items[7] = mode, n = 8;
+        break;
+    case D_ALLGATHER:
+    case D_IALLGATHER:
+        items[3] = algorithm, items[4] = given, n = 5;
+        break;
+    case D_ALLTOALL:
+    case D_IALLTOALL:
+        items[3] = algorithm, items[4] = mode, n = 5;
+        break;
+    case D_REDUCE_SCATTER:
+    case D_IREDUCE_SCATTER: /* (no dtype name, no counts: None, None; mode 0 or 2) */
+        items[3] = op, items[4] = Py_None, items[5] = Py_None, items[6] = algorithm;
+        items[7] = mode_ints[out == Py_None ? 0 : 2], n = 8;
+        break;
+    default: /* scatter's and the v-forms': below */
+        break;
+    }
+    if (n > 0 && memo_same(d, st, items, n, xa))
+        res = door_run(d, st, NULL, x, door_params[w].out ? out : Py_None, door_params[w].start);
+    else {
+        if (no_x)
+            Py_INCREF(Py_None);
+        PyObject *shape = no_x ? Py_None : shape_of(xa);
+        if (shape != NULL && n > 0) {
+            items[1] = shape;
+            if ((key = PyTuple_New(n)) != NULL)
+                for (Py_ssize_t i = 0; i < n; i++)
+                    PyTuple_SET_ITEM(key, i, Py_NewRef(items[i]));
+        } else if (shape != NULL && (w == D_SCATTER || w == D_ISCATTER)) {
+            /* (x's shape, out's shape or None, no counts: None) */
             if (out == Py_None || PyArray_CheckExact(out)) {
                 PyObject *oshape = out == Py_None ? Py_None : shape_of((PyArrayObject *)out);
                 if (oshape != NULL)
@@ -3100,11 +3162,8 @@ static PyObject *door_api(Door *d, PyObject *const *args, size_t nargsf, PyObjec
                 if (oshape != Py_None)
                     Py_XDECREF(oshape);
             }
-            break;
-        case D_ALLGATHERV:
-        case D_IALLGATHERV:
-        case D_ALLTOALLV:
-        case D_IALLTOALLV: { /* (the count vectors as tuples; mode 0 or 2) */
+        } else if (shape != NULL) {
+            /* the v-forms: the count vectors as tuples; mode 0 or 2 */
             PyObject *c1 = counts_of(args[1]), *c2 = nc == 2 ? counts_of(args[2]) : NULL;
             PyObject *m2 = mode_ints[out == Py_None ? 0 : 2];
             if (c1 != NULL && nc == 1)
@@ -3113,24 +3172,16 @@ static PyObject *door_api(Door *d, PyObject *const *args, size_t nargsf, PyObjec
                 key = PyTuple_Pack(7, name, shape, descr, c1, c2, algorithm, m2);
             Py_XDECREF(c1);
             Py_XDECREF(c2);
-            break;
         }
-        case D_REDUCE_SCATTER:
-        case D_IREDUCE_SCATTER: /* (no dtype name, no counts: None, None; mode 0 or 2) */
-            key = PyTuple_Pack(8, name, shape, descr, op, Py_None, Py_None, algorithm,
-                               mode_ints[out == Py_None ? 0 : 2]);
-            break;
-        default: /* D_ALLTOALL, D_IALLTOALL */
-            key = PyTuple_Pack(5, name, shape, descr, algorithm, mode);
+        Py_XDECREF(shape);
+        if (key != NULL)
+            res = door_run(d, st, key, x, door_params[w].out ? out : Py_None, door_params[w].start);
+        else if (!PyErr_Occurred()) { /* (no key for such a call: the function decides) */
+            Py_INCREF(d->refs[R_MISS]);
+            res = d->refs[R_MISS];
         }
-    if (key != NULL)
-        res = door_run(d, st, key, x, door_params[w].out ? out : Py_None, door_params[w].start);
-    else if (!PyErr_Occurred()) { /* (no key for such a call: the function decides) */
-        Py_INCREF(d->refs[R_MISS]);
-        res = d->refs[R_MISS];
+        Py_XDECREF(key);
     }
-    Py_XDECREF(key);
-    Py_XDECREF(shape);
     Py_DECREF(st);
     if (res != d->refs[R_MISS])
         return res;
