@@ -2970,6 +2970,25 @@ static int memo_same(Door *d, PyObject *st, PyObject *const *items, Py_ssize_t n
     return 1;
 }
 
+/* The key of the n ``items``, items[1] standing for the shape of ``sh``: a
+ * new tuple, or NULL with *memo set when the door's memo holds that key
+ * already (memo_same: nothing made), or NULL with an error set. */
+static PyObject *door_key(Door *d, PyObject *st, PyArrayObject *sh, PyObject **items, Py_ssize_t n, int *memo) {
+    if (memo_same(d, st, items, n, sh)) {
+        *memo = 1;
+        return NULL;
+    }
+    PyObject *shape = shape_of(sh), *key = shape == NULL ? NULL : PyTuple_New(n);
+    if (key != NULL) {
+        items[1] = shape;
+        for (Py_ssize_t i = 0; i < n; i++)
+            PyTuple_SET_ITEM(key, i, Py_NewRef(items[i]));
+        items[1] = NULL;
+    }
+    Py_XDECREF(shape);
+    return key;
+}
+
 /* The kept entry of ``key`` in st's plan cache, run through its gated Call
  * on (x, out): the result (blocking), the request (start), ``miss`` for no
  * entry or a call the Call does not take (nothing started), NULL with an
@@ -3078,6 +3097,36 @@ static PyObject *counts_of(PyObject *c) {
     return NULL;
 }
 
+/* The keys of scatter (x's shape or None off root, the dtype, out's shape
+ * or None, no counts: None) and of the v-forms (the count vectors c1 and
+ * c2 as tuples; mode 0 or 2), as api.py builds them: a new tuple, or NULL
+ * (an error set, or none: no key for such a call). */
+static PyObject *other_key(int w, PyArrayObject *x, PyObject *name, PyObject *descr, PyObject *out, PyObject *root,
+                           PyObject *algorithm, PyObject *c1o, PyObject *c2o) {
+    PyObject *shape = x == NULL ? Py_NewRef(Py_None) : shape_of(x), *key = NULL;
+    if (shape == NULL)
+        return NULL;
+    if (w == D_SCATTER || w == D_ISCATTER) {
+        if (out == Py_None || PyArray_CheckExact(out)) {
+            PyObject *oshape = out == Py_None ? Py_NewRef(Py_None) : shape_of((PyArrayObject *)out);
+            if (oshape != NULL)
+                key = PyTuple_Pack(7, name, shape, descr, oshape, Py_None, root, algorithm);
+            Py_XDECREF(oshape);
+        }
+    } else {
+        PyObject *c1 = counts_of(c1o), *c2 = c2o != NULL ? counts_of(c2o) : NULL;
+        PyObject *m2 = mode_ints[out == Py_None ? 0 : 2];
+        if (c1 != NULL && c2o == NULL)
+            key = PyTuple_Pack(6, name, shape, descr, c1, algorithm, m2);
+        else if (c1 != NULL && c2 != NULL)
+            key = PyTuple_Pack(7, name, shape, descr, c1, c2, algorithm, m2);
+        Py_XDECREF(c1);
+        Py_XDECREF(c2);
+    }
+    Py_DECREF(shape);
+    return key;
+}
+
 static PyObject *door_api(Door *d, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     int w = d->which, opi = door_params[w].op, rooti = door_params[w].root, nc = door_params[w].counts;
@@ -3142,46 +3191,17 @@ static PyObject *door_api(Door *d, PyObject *const *args, size_t nargsf, PyObjec
     default: /* scatter's and the v-forms': below */
         break;
     }
-    if (n > 0 && memo_same(d, st, items, n, xa))
-        res = door_run(d, st, NULL, x, door_params[w].out ? out : Py_None, door_params[w].start);
-    else {
-        if (no_x)
-            Py_INCREF(Py_None);
-        PyObject *shape = no_x ? Py_None : shape_of(xa);
-        if (shape != NULL && n > 0) {
-            items[1] = shape;
-            if ((key = PyTuple_New(n)) != NULL)
-                for (Py_ssize_t i = 0; i < n; i++)
-                    PyTuple_SET_ITEM(key, i, Py_NewRef(items[i]));
-        } else if (shape != NULL && (w == D_SCATTER || w == D_ISCATTER)) {
-            /* (x's shape, out's shape or None, no counts: None) */
-            if (out == Py_None || PyArray_CheckExact(out)) {
-                PyObject *oshape = out == Py_None ? Py_None : shape_of((PyArrayObject *)out);
-                if (oshape != NULL)
-                    key = PyTuple_Pack(7, name, shape, descr, oshape, Py_None, root, algorithm);
-                if (oshape != Py_None)
-                    Py_XDECREF(oshape);
-            }
-        } else if (shape != NULL) {
-            /* the v-forms: the count vectors as tuples; mode 0 or 2 */
-            PyObject *c1 = counts_of(args[1]), *c2 = nc == 2 ? counts_of(args[2]) : NULL;
-            PyObject *m2 = mode_ints[out == Py_None ? 0 : 2];
-            if (c1 != NULL && nc == 1)
-                key = PyTuple_Pack(6, name, shape, descr, c1, algorithm, m2);
-            else if (c1 != NULL && c2 != NULL)
-                key = PyTuple_Pack(7, name, shape, descr, c1, c2, algorithm, m2);
-            Py_XDECREF(c1);
-            Py_XDECREF(c2);
-        }
-        Py_XDECREF(shape);
-        if (key != NULL)
-            res = door_run(d, st, key, x, door_params[w].out ? out : Py_None, door_params[w].start);
-        else if (!PyErr_Occurred()) { /* (no key for such a call: the function decides) */
-            Py_INCREF(d->refs[R_MISS]);
-            res = d->refs[R_MISS];
-        }
-        Py_XDECREF(key);
+    int memo = 0;
+    key = n > 0 ? door_key(d, st, xa, items, n, &memo)
+                : other_key(w, no_x ? NULL : xa, name, descr, out, root, algorithm, nc ? args[1] : NULL,
+                            nc == 2 ? args[2] : NULL);
+    if (key != NULL || memo)
+        res = door_run(d, st, key, x, door_params[w].out ? out : Py_None, door_params[w].start);
+    else if (!PyErr_Occurred()) { /* (no key for such a call: the function decides) */
+        Py_INCREF(d->refs[R_MISS]);
+        res = d->refs[R_MISS];
     }
+    Py_XDECREF(key);
     Py_DECREF(st);
     if (res != d->refs[R_MISS])
         return res;
@@ -3348,6 +3368,7 @@ static PyObject *door_comm_run(Door *d, PyObject *const *args, PyObject *second,
     PyObject *oshape = NULL; /* Scatter's: the receive buffer's shape */
     PyObject *c1 = NULL, *c2 = NULL; /* the v-forms' count vectors */
     PyObject *va = NULL, *vb = NULL; /* reshaped views */
+    int memo = 0; /* door_key found the call's key in the memo */
     PyObject *v = PyObject_GetAttr(st, s_size), *rv = PyObject_GetAttr(st, s_rank);
     long p = v == NULL ? -1 : PyLong_AsLong(v), rank = rv == NULL ? -1 : PyLong_AsLong(rv);
     Py_XDECREF(v);
@@ -3363,21 +3384,26 @@ static PyObject *door_comm_run(Door *d, PyObject *const *args, PyObject *second,
             goto done;
         PyArrayObject *r = (PyArrayObject *)args[2];
         int mode = reduce_mode(d, args[1], r, &x);
-        if (mode < 0 || (opn = op_name(d, r, second)) == NULL || (shape = shape_of(r)) == NULL)
+        if (mode < 0 || (opn = op_name(d, r, second)) == NULL)
             goto done;
         out = (PyObject *)r;
-        key = root == NULL ? PyTuple_Pack(6, name, shape, (PyObject *)PyArray_DESCR(r), opn, algorithm, mode_ints[mode])
-                           : PyTuple_Pack(8, name, shape, (PyObject *)PyArray_DESCR(r), opn, Py_None, root, algorithm,
-                                          mode_ints[mode]);
+        PyObject *descr = (PyObject *)PyArray_DESCR(r);
+        PyObject *m = mode_ints[mode];
+        key = root == NULL ? door_key(d, st, r, (PyObject *[]){name, NULL, descr, opn, algorithm, m}, 6, &memo)
+                           : door_key(d, st, r, (PyObject *[]){name, NULL, descr, opn, Py_None, root, algorithm, m}, 8,
+                                      &memo);
     } else if (reduce) {
         /* off root: the send buffer only (mpi4py ignores recvbuf there) */
         if (!PyArray_CheckExact(args[1]) || PyArray_NDIM((PyArrayObject *)args[1]) != 1)
             goto done;
         PyArrayObject *a = (PyArrayObject *)args[1];
-        if ((opn = op_name(d, a, second)) == NULL || (shape = shape_of(a)) == NULL)
+        if ((opn = op_name(d, a, second)) == NULL)
             goto done;
         x = (PyObject *)a;
-        key = PyTuple_Pack(8, name, shape, (PyObject *)PyArray_DESCR(a), opn, Py_None, root, algorithm, mode_ints[0]);
+        key = door_key(d, st, a,
+                       (PyObject *[]){name, NULL, (PyObject *)PyArray_DESCR(a), opn, Py_None, root, algorithm,
+                                      mode_ints[0]},
+                       8, &memo);
     } else if (w == D_COMM_GATHER || w == D_COMM_IGATHER) {
         /* specs.plain_rooted: the send buffer everywhere; at root the
          * receive buffer, apart from it, shaped (p,) + its shape */
@@ -3400,11 +3426,11 @@ static PyObject *door_comm_run(Door *d, PyObject *const *args, PyObject *second,
                 goto done;
             out = vb;
         }
-        if ((shape = shape_of(a)) == NULL)
-            goto done;
         x = (PyObject *)a;
-        key = PyTuple_Pack(7, name, shape, (PyObject *)PyArray_DESCR(a), Py_None, root, algorithm,
-                           out == Py_None ? Py_False : Py_True);
+        key = door_key(d, st, a,
+                       (PyObject *[]){name, NULL, (PyObject *)PyArray_DESCR(a), Py_None, root, algorithm,
+                                      out == Py_None ? Py_False : Py_True},
+                       7, &memo);
     } else if (w == D_COMM_SCATTER || w == D_COMM_ISCATTER) {
         /* specs.plain_rooted, the receive side: the receive buffer
          * everywhere, writable; at root the send buffer, apart from it,
@@ -3559,11 +3585,11 @@ static PyObject *door_comm_run(Door *d, PyObject *const *args, PyObject *second,
                                va == NULL ? Py_False : Py_True);
         }
     } else if (w == D_COMM_BCAST || w == D_COMM_IBCAST) {
-        if (!PyArray_CheckExact(args[1]) || plain_kind(d, (PyArrayObject *)args[1]) <= 0
-            || (shape = shape_of((PyArrayObject *)args[1])) == NULL)
+        if (!PyArray_CheckExact(args[1]) || plain_kind(d, (PyArrayObject *)args[1]) <= 0)
             goto done;
         x = args[1];
-        key = PyTuple_Pack(5, name, shape, (PyObject *)PyArray_DESCR((PyArrayObject *)x), root, algorithm);
+        PyArrayObject *a = (PyArrayObject *)x;
+        key = door_key(d, st, a, (PyObject *[]){name, NULL, (PyObject *)PyArray_DESCR(a), root, algorithm}, 5, &memo);
     } else {
         /* Allgather, Alltoall: two plain C-contiguous arrays of one dtype,
          * reshaped as the method reshapes them */
@@ -3576,7 +3602,7 @@ static PyObject *door_comm_run(Door *d, PyObject *const *args, PyObject *second,
         npy_intp dims[NPY_MAXDIMS];
         if (w == D_COMM_ALLGATHER || w == D_COMM_IALLGATHER) {
             int nd = PyArray_NDIM(a);
-            if (nd + 1 > NPY_MAXDIMS || PyArray_SIZE(b) != p * PyArray_SIZE(a) || (shape = shape_of(a)) == NULL)
+            if (nd + 1 > NPY_MAXDIMS || PyArray_SIZE(b) != p * PyArray_SIZE(a))
                 goto done;
             dims[0] = p;
             for (int i = 0; i < nd; i++)
@@ -3585,21 +3611,22 @@ static PyObject *door_comm_run(Door *d, PyObject *const *args, PyObject *second,
                 goto done;
             x = (PyObject *)a;
             out = vb;
-            key = PyTuple_Pack(5, name, shape, (PyObject *)PyArray_DESCR(a), algorithm, Py_True);
+            key = door_key(d, st, a, (PyObject *[]){name, NULL, (PyObject *)PyArray_DESCR(a), algorithm, Py_True}, 5,
+                           &memo);
         } else {
             if (PyArray_SIZE(a) != PyArray_SIZE(b) || PyArray_SIZE(a) % p)
                 goto done;
             dims[0] = p;
             dims[1] = PyArray_SIZE(a) / p;
-            if ((va = as_shape(a, 2, dims)) == NULL || (vb = as_shape(b, 2, dims)) == NULL
-                || (shape = shape_of((PyArrayObject *)va)) == NULL)
+            if ((va = as_shape(a, 2, dims)) == NULL || (vb = as_shape(b, 2, dims)) == NULL)
                 goto done;
             x = va;
             out = vb;
-            key = PyTuple_Pack(5, name, shape, (PyObject *)PyArray_DESCR(a), algorithm, mode_ints[2]);
+            key = door_key(d, st, (PyArrayObject *)va,
+                           (PyObject *[]){name, NULL, (PyObject *)PyArray_DESCR(a), algorithm, mode_ints[2]}, 5, &memo);
         }
     }
-    if (key != NULL)
+    if (key != NULL || memo)
         res = door_run(d, st, key, x, out, start);
 done:
     Py_XDECREF(key);

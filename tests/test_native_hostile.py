@@ -336,3 +336,83 @@ def test_shm_programs_queued_behind_each_other_and_behind_the_schedule():
             assert ctl is not None and ctl.running == 0 and ctl.queued == 0, (ctl.running, ctl.queued)
     finally:
         comm.Free()
+
+
+def test_the_doors_memo_tells_calls_apart_item_by_item():
+    """The doors in C compare a repeated call with their memo item by item
+    (csrc/native.c memo_same): on one door, back to back, calls whose keys
+    differ in one item only - the shape ((6,), (2, 3), (3, 2)), the dtype
+    (float32 / int32: the same size), the op, the root - four rounds, each
+    against mpi4py's own call; the drop-in's methods likewise."""
+    comm = MPI.COMM_WORLD
+    p, r = comm.size, comm.rank
+    mc = mpicoll.Comm(comm)
+    root1 = min(p - 1, 1)
+
+    def arr(shape=(6,), dtype=np.float32):
+        return (np.arange(6) + 10 * r + 1).astype(dtype).reshape(shape)
+
+    def ref(name, x, op=MPI.SUM, root=0):
+        if name == "allreduce":
+            w = np.empty_like(x)
+            comm.Allreduce(x, w, op)
+            return w
+        if name == "bcast":
+            w = x.copy() if r == root else np.zeros_like(x)
+            comm.Bcast(w, root)
+            return w
+        if name == "reduce":
+            w = np.empty_like(x)
+            comm.Reduce(x, w, op, root)
+            return w if r == root else None
+        w = np.empty((p,) + x.shape, x.dtype) if name == "allgather" or r == root else None
+        (comm.Allgather(x, w) if name == "allgather" else comm.Gather(x, w, root))
+        return w
+
+    def bcast_door(x, root, method=False):
+        b = x.copy() if r == root else np.zeros_like(x)
+        (mc.Bcast(b, root) if method else mpicoll.bcast(b, root))
+        return b
+
+    def allreduce_method(x, op):
+        y = np.empty_like(x)
+        mc.Allreduce(x, y, op)
+        return y
+
+    def allgather_method(x):
+        y = np.empty((p,) + x.shape, x.dtype)
+        mc.Allgather(x, y)
+        return y
+
+    f32, i32 = np.float32, np.int32
+    shapes = [(6,), (2, 3), (3, 2)]
+    cases = {  # door: [(call, reference)], each differing from its neighbours in one item
+        "allreduce shape": [(lambda s=s: mpicoll.allreduce(arr(s)), lambda s=s: ref("allreduce", arr(s)))
+                            for s in shapes],
+        "allreduce dtype": [(lambda t=t: mpicoll.allreduce(arr(dtype=t)), lambda t=t: ref("allreduce", arr(dtype=t)))
+                            for t in (f32, i32)],
+        "allreduce op": [(lambda: mpicoll.allreduce(arr(), "sum"), lambda: ref("allreduce", arr(), MPI.SUM)),
+                         (lambda: mpicoll.allreduce(arr(), "max"), lambda: ref("allreduce", arr(), MPI.MAX))],
+        "Comm.Allreduce dtype": [(lambda t=t: allreduce_method(arr(dtype=t), MPI.SUM),
+                                  lambda t=t: ref("allreduce", arr(dtype=t))) for t in (f32, i32)],
+        "Comm.Allreduce op": [(lambda o=o: allreduce_method(arr(), o), lambda o=o: ref("allreduce", arr(), o))
+                              for o in (MPI.SUM, MPI.MAX)],
+        "bcast root": [(lambda q=q: bcast_door(arr(), q), lambda q=q: ref("bcast", arr(), root=q)) for q in (0, root1)],
+        "Comm.Bcast root": [(lambda q=q: bcast_door(arr(), q, True), lambda q=q: ref("bcast", arr(), root=q))
+                            for q in (0, root1)],
+        "reduce root": [(lambda q=q: mpicoll.reduce(arr(), root=q), lambda q=q: ref("reduce", arr(), root=q))
+                        for q in (0, root1)],
+        "gather shape": [(lambda s=s: mpicoll.gather(arr(s), 0), lambda s=s: ref("gather", arr(s))) for s in shapes],
+        "allgather shape": [(lambda s=s: mpicoll.allgather(arr(s)), lambda s=s: ref("allgather", arr(s)))
+                            for s in shapes],
+        "Comm.Allgather shape": [(lambda s=s: allgather_method(arr(s)), lambda s=s: ref("allgather", arr(s)))
+                                 for s in shapes],
+    }
+    for what, calls in cases.items():
+        wants = [want() for _, want in calls]
+        for rnd in range(4):
+            got = [call() for call, _ in calls]  # back to back: each after a hit of its neighbour
+            for i, (g, w) in enumerate(zip(got, wants)):
+                if w is None:
+                    continue
+                assert g.shape == w.shape and g.dtype == w.dtype and np.array_equal(g, w), (what, rnd, i, g, w)
