@@ -2937,29 +2937,38 @@ static void door_forget(Door *d) {
     Py_CLEAR(d->m_version);
 }
 
-/* Whether the door's memo has state ``st`` and a key of the n ``items``,
- * items[1] standing for x's shape (NULL): a repeated call is compared item
- * by item, without making its shape and key tuples (their allocation, and
- * the collections of the cyclic GC that tracked tuples bring on, were a
- * measurable share of a short call). */
-static int memo_same(Door *d, PyObject *st, PyObject *const *items, Py_ssize_t n, PyArrayObject *x) {
-    PyObject *key = d->m_key;
-    if (st != d->m_st || key == NULL || PyTuple_GET_SIZE(key) != n)
-        return 0;
-    PyObject *shape = PyTuple_GET_ITEM(key, 1);
-    int nd = PyArray_NDIM(x);
+/* Whether ``shape`` is a tuple of a's dimensions (a's shape). */
+static int shape_is(PyObject *shape, PyArrayObject *a) {
+    int nd = PyArray_NDIM(a);
     if (!PyTuple_CheckExact(shape) || PyTuple_GET_SIZE(shape) != nd)
         return 0;
     for (int i = 0; i < nd; i++) {
         PyObject *v = PyTuple_GET_ITEM(shape, i);
-        if (!PyLong_CheckExact(v) || PyLong_AsSsize_t(v) != PyArray_DIMS(x)[i]) {
+        if (!PyLong_CheckExact(v) || PyLong_AsSsize_t(v) != PyArray_DIMS(a)[i]) {
             PyErr_Clear();
             return 0;
         }
     }
+    return 1;
+}
+
+/* Whether the door's memo has state ``st`` and a key of the n ``items``,
+ * an item NULL standing for the shape of shapes[i]: a repeated call is
+ * compared item by item, without making its shape and key tuples (their
+ * allocation, and the collections of the cyclic GC that tracked tuples
+ * bring on, were half of what a door added to a short call). */
+static int memo_same(Door *d, PyObject *st, PyObject *const *items, PyArrayObject *const *shapes, Py_ssize_t n) {
+    PyObject *key = d->m_key;
+    if (st != d->m_st || key == NULL || PyTuple_GET_SIZE(key) != n)
+        return 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *m = PyTuple_GET_ITEM(key, i);
-        if (i == 1 || items[i] == m)
+        if (items[i] == NULL) {
+            if (!shape_is(m, shapes[i]))
+                return 0;
+            continue;
+        }
+        if (items[i] == m)
             continue;
         int eq = PyObject_RichCompareBool(items[i], m, Py_EQ);
         if (eq <= 0) {
@@ -2970,22 +2979,24 @@ static int memo_same(Door *d, PyObject *st, PyObject *const *items, Py_ssize_t n
     return 1;
 }
 
-/* The key of the n ``items``, items[1] standing for the shape of ``sh``: a
- * new tuple, or NULL with *memo set when the door's memo holds that key
- * already (memo_same: nothing made), or NULL with an error set. */
-static PyObject *door_key(Door *d, PyObject *st, PyArrayObject *sh, PyObject **items, Py_ssize_t n, int *memo) {
-    if (memo_same(d, st, items, n, sh)) {
+/* The key of the n ``items`` (an item NULL: the shape of shapes[i]), as
+ * api.py builds it: a new tuple, or NULL with *memo set when the door's
+ * memo holds that key already (memo_same: nothing made), or NULL with an
+ * error set. */
+static PyObject *door_key(Door *d, PyObject *st, PyObject *const *items, PyArrayObject *const *shapes, Py_ssize_t n,
+                          int *memo) {
+    if (memo_same(d, st, items, shapes, n)) {
         *memo = 1;
         return NULL;
     }
-    PyObject *shape = shape_of(sh), *key = shape == NULL ? NULL : PyTuple_New(n);
-    if (key != NULL) {
-        items[1] = shape;
-        for (Py_ssize_t i = 0; i < n; i++)
-            PyTuple_SET_ITEM(key, i, Py_NewRef(items[i]));
-        items[1] = NULL;
+    PyObject *key = PyTuple_New(n);
+    for (Py_ssize_t i = 0; key != NULL && i < n; i++) {
+        PyObject *v = items[i] != NULL ? Py_NewRef(items[i]) : shape_of(shapes[i]);
+        if (v == NULL)
+            Py_CLEAR(key);
+        else
+            PyTuple_SET_ITEM(key, i, v);
     }
-    Py_XDECREF(shape);
     return key;
 }
 
@@ -3097,32 +3108,22 @@ static PyObject *counts_of(PyObject *c) {
     return NULL;
 }
 
-/* The keys of scatter (x's shape or None off root, the dtype, out's shape
- * or None, no counts: None) and of the v-forms (the count vectors c1 and
- * c2 as tuples; mode 0 or 2), as api.py builds them: a new tuple, or NULL
- * (an error set, or none: no key for such a call). */
-static PyObject *other_key(int w, PyArrayObject *x, PyObject *name, PyObject *descr, PyObject *out, PyObject *root,
-                           PyObject *algorithm, PyObject *c1o, PyObject *c2o) {
-    PyObject *shape = x == NULL ? Py_NewRef(Py_None) : shape_of(x), *key = NULL;
+/* The v-forms' key (x's shape, the dtype, the count vectors c1 and c2 as
+ * tuples; mode 0 or 2), as api.py builds it: a new tuple, or NULL (an
+ * error set, or none: no key for such counts). */
+static PyObject *counts_key(PyArrayObject *x, PyObject *name, PyObject *descr, PyObject *out, PyObject *algorithm,
+                            PyObject *c1o, PyObject *c2o) {
+    PyObject *shape = shape_of(x), *key = NULL;
     if (shape == NULL)
         return NULL;
-    if (w == D_SCATTER || w == D_ISCATTER) {
-        if (out == Py_None || PyArray_CheckExact(out)) {
-            PyObject *oshape = out == Py_None ? Py_NewRef(Py_None) : shape_of((PyArrayObject *)out);
-            if (oshape != NULL)
-                key = PyTuple_Pack(7, name, shape, descr, oshape, Py_None, root, algorithm);
-            Py_XDECREF(oshape);
-        }
-    } else {
-        PyObject *c1 = counts_of(c1o), *c2 = c2o != NULL ? counts_of(c2o) : NULL;
-        PyObject *m2 = mode_ints[out == Py_None ? 0 : 2];
-        if (c1 != NULL && c2o == NULL)
-            key = PyTuple_Pack(6, name, shape, descr, c1, algorithm, m2);
-        else if (c1 != NULL && c2 != NULL)
-            key = PyTuple_Pack(7, name, shape, descr, c1, c2, algorithm, m2);
-        Py_XDECREF(c1);
-        Py_XDECREF(c2);
-    }
+    PyObject *c1 = counts_of(c1o), *c2 = c2o != NULL ? counts_of(c2o) : NULL;
+    PyObject *m2 = mode_ints[out == Py_None ? 0 : 2];
+    if (c1 != NULL && c2o == NULL)
+        key = PyTuple_Pack(6, name, shape, descr, c1, algorithm, m2);
+    else if (c1 != NULL && c2 != NULL)
+        key = PyTuple_Pack(7, name, shape, descr, c1, c2, algorithm, m2);
+    Py_XDECREF(c1);
+    Py_XDECREF(c2);
     Py_DECREF(shape);
     return key;
 }
@@ -3149,14 +3150,15 @@ static PyObject *door_api(Door *d, PyObject *const *args, size_t nargsf, PyObjec
     if (st == NULL)
         return PyErr_Occurred() ? NULL : door_fallback(d, args, nargsf, kwnames);
     Py_INCREF(st);
-    /* The key, as api.py builds it. Most doors' keys have x's shape and no
-     * other item made from an array (all but scatter's and the v-forms'):
-     * their items are listed first (items[1], the shape, made only when
-     * needed), and a repeated call is compared with the memo's key item by
-     * item before any tuple is made. */
+    /* The key, as api.py builds it. The doors' keys but the v-forms' have no
+     * item made from an array other than shapes: their items are listed
+     * (NULL: the shape of that item's array in shapes), and a repeated call
+     * is compared with the memo's key item by item before any tuple is made
+     * (door_key). */
     PyObject *descr = (PyObject *)PyArray_DESCR(xa), *name = d->refs[R_NAME], *key = NULL, *res = NULL;
     PyObject *mode = mode_ints[out == Py_None ? 0 : out == x ? 1 : 2], *given = out == Py_None ? Py_False : Py_True;
     PyObject *items[8] = {name, NULL, descr};
+    PyArrayObject *shapes[8] = {NULL, xa};
     Py_ssize_t n = 0;
     switch (w) {
     case D_ALLREDUCE:
@@ -3188,13 +3190,26 @@ static PyObject *door_api(Door *d, PyObject *const *args, size_t nargsf, PyObjec
         items[3] = op, items[4] = Py_None, items[5] = Py_None, items[6] = algorithm;
         items[7] = mode_ints[out == Py_None ? 0 : 2], n = 8;
         break;
-    default: /* scatter's and the v-forms': below */
+    case D_SCATTER:
+    case D_ISCATTER: /* (x's shape or None off root, out's shape or None, no counts: None) */
+        if (no_x)
+            items[1] = Py_None;
+        if (out == Py_None)
+            items[3] = Py_None;
+        else if (PyArray_CheckExact(out))
+            shapes[3] = (PyArrayObject *)out;
+        else
+            break; /* (no key: the function decides) */
+        items[4] = Py_None, items[5] = root, items[6] = algorithm, n = 7;
+        break;
+    default: /* the v-forms': counts_key */
         break;
     }
     int memo = 0;
-    key = n > 0 ? door_key(d, st, xa, items, n, &memo)
-                : other_key(w, no_x ? NULL : xa, name, descr, out, root, algorithm, nc ? args[1] : NULL,
-                            nc == 2 ? args[2] : NULL);
+    if (n > 0)
+        key = door_key(d, st, items, shapes, n, &memo);
+    else if (nc > 0)
+        key = counts_key(xa, name, descr, out, algorithm, args[1], nc == 2 ? args[2] : NULL);
     if (key != NULL || memo)
         res = door_run(d, st, key, x, door_params[w].out ? out : Py_None, door_params[w].start);
     else if (!PyErr_Occurred()) { /* (no key for such a call: the function decides) */
@@ -3365,7 +3380,7 @@ static PyObject *door_comm_run(Door *d, PyObject *const *args, PyObject *second,
                                PyObject *algorithm, PyObject *st) {
     int w = d->which, start = comm_params[w - D_COMM_ALLREDUCE].start;
     PyObject *name = d->refs[R_NAME], *x = NULL, *out = Py_None, *key = NULL, *shape = NULL, *res = NULL, *opn;
-    PyObject *oshape = NULL; /* Scatter's: the receive buffer's shape */
+    PyObject *oshape = NULL; /* Scatterv's: the receive buffer's shape */
     PyObject *c1 = NULL, *c2 = NULL; /* the v-forms' count vectors */
     PyObject *va = NULL, *vb = NULL; /* reshaped views */
     int memo = 0; /* door_key found the call's key in the memo */
@@ -3389,8 +3404,9 @@ static PyObject *door_comm_run(Door *d, PyObject *const *args, PyObject *second,
         out = (PyObject *)r;
         PyObject *descr = (PyObject *)PyArray_DESCR(r);
         PyObject *m = mode_ints[mode];
-        key = root == NULL ? door_key(d, st, r, (PyObject *[]){name, NULL, descr, opn, algorithm, m}, 6, &memo)
-                           : door_key(d, st, r, (PyObject *[]){name, NULL, descr, opn, Py_None, root, algorithm, m}, 8,
+        PyArrayObject *sh[] = {NULL, r};
+        key = root == NULL ? door_key(d, st, (PyObject *[]){name, NULL, descr, opn, algorithm, m}, sh, 6, &memo)
+                           : door_key(d, st, (PyObject *[]){name, NULL, descr, opn, Py_None, root, algorithm, m}, sh, 8,
                                       &memo);
     } else if (reduce) {
         /* off root: the send buffer only (mpi4py ignores recvbuf there) */
@@ -3400,10 +3416,10 @@ static PyObject *door_comm_run(Door *d, PyObject *const *args, PyObject *second,
         if ((opn = op_name(d, a, second)) == NULL)
             goto done;
         x = (PyObject *)a;
-        key = door_key(d, st, a,
+        key = door_key(d, st,
                        (PyObject *[]){name, NULL, (PyObject *)PyArray_DESCR(a), opn, Py_None, root, algorithm,
                                       mode_ints[0]},
-                       8, &memo);
+                       (PyArrayObject *[]){NULL, a}, 8, &memo);
     } else if (w == D_COMM_GATHER || w == D_COMM_IGATHER) {
         /* specs.plain_rooted: the send buffer everywhere; at root the
          * receive buffer, apart from it, shaped (p,) + its shape */
@@ -3427,10 +3443,10 @@ static PyObject *door_comm_run(Door *d, PyObject *const *args, PyObject *second,
             out = vb;
         }
         x = (PyObject *)a;
-        key = door_key(d, st, a,
+        key = door_key(d, st,
                        (PyObject *[]){name, NULL, (PyObject *)PyArray_DESCR(a), Py_None, root, algorithm,
                                       out == Py_None ? Py_False : Py_True},
-                       7, &memo);
+                       (PyArrayObject *[]){NULL, a}, 7, &memo);
     } else if (w == D_COMM_SCATTER || w == D_COMM_ISCATTER) {
         /* specs.plain_rooted, the receive side: the receive buffer
          * everywhere, writable; at root the send buffer, apart from it,
@@ -3454,19 +3470,16 @@ static PyObject *door_comm_run(Door *d, PyObject *const *args, PyObject *second,
             dims[0] = p;
             for (int i = 0; i < nd; i++)
                 dims[i + 1] = PyArray_DIMS(b)[i];
-            if ((va = as_shape(a, nd + 1, dims)) == NULL || (shape = shape_of((PyArrayObject *)va)) == NULL)
+            if ((va = as_shape(a, nd + 1, dims)) == NULL)
                 goto done;
             x = va;
-        } else {
-            Py_INCREF(Py_None);
-            shape = Py_None;
+        } else
             x = Py_None;
-        }
-        if ((oshape = shape_of(b)) == NULL)
-            goto done;
         out = (PyObject *)b;
-        key = PyTuple_Pack(7, name, shape, (PyObject *)PyArray_DESCR(x == Py_None ? b : (PyArrayObject *)x), oshape,
-                           Py_None, root, algorithm);
+        PyObject *descr = (PyObject *)PyArray_DESCR(x == Py_None ? b : (PyArrayObject *)x);
+        PyObject *xshape = x == Py_None ? Py_None : NULL; /* (None off root; at root va's shape) */
+        key = door_key(d, st, (PyObject *[]){name, xshape, descr, NULL, Py_None, root, algorithm},
+                       (PyArrayObject *[]){NULL, (PyArrayObject *)va, NULL, b}, 7, &memo);
     } else if (w == D_COMM_REDUCE_SCATTER || w == D_COMM_IREDUCE_SCATTER) {
         /* dropin's plain Reduce_scatter: two C-contiguous arrays of one
          * dtype, the receive buffer writable, p non-negative counts (a list
@@ -3589,7 +3602,8 @@ static PyObject *door_comm_run(Door *d, PyObject *const *args, PyObject *second,
             goto done;
         x = args[1];
         PyArrayObject *a = (PyArrayObject *)x;
-        key = door_key(d, st, a, (PyObject *[]){name, NULL, (PyObject *)PyArray_DESCR(a), root, algorithm}, 5, &memo);
+        key = door_key(d, st, (PyObject *[]){name, NULL, (PyObject *)PyArray_DESCR(a), root, algorithm},
+                       (PyArrayObject *[]){NULL, a}, 5, &memo);
     } else {
         /* Allgather, Alltoall: two plain C-contiguous arrays of one dtype,
          * reshaped as the method reshapes them */
@@ -3611,8 +3625,8 @@ static PyObject *door_comm_run(Door *d, PyObject *const *args, PyObject *second,
                 goto done;
             x = (PyObject *)a;
             out = vb;
-            key = door_key(d, st, a, (PyObject *[]){name, NULL, (PyObject *)PyArray_DESCR(a), algorithm, Py_True}, 5,
-                           &memo);
+            key = door_key(d, st, (PyObject *[]){name, NULL, (PyObject *)PyArray_DESCR(a), algorithm, Py_True},
+                           (PyArrayObject *[]){NULL, a}, 5, &memo);
         } else {
             if (PyArray_SIZE(a) != PyArray_SIZE(b) || PyArray_SIZE(a) % p)
                 goto done;
@@ -3622,8 +3636,8 @@ static PyObject *door_comm_run(Door *d, PyObject *const *args, PyObject *second,
                 goto done;
             x = va;
             out = vb;
-            key = door_key(d, st, (PyArrayObject *)va,
-                           (PyObject *[]){name, NULL, (PyObject *)PyArray_DESCR(a), algorithm, mode_ints[2]}, 5, &memo);
+            key = door_key(d, st, (PyObject *[]){name, NULL, (PyObject *)PyArray_DESCR(a), algorithm, mode_ints[2]},
+                           (PyArrayObject *[]){NULL, (PyArrayObject *)va}, 5, &memo);
         }
     }
     if (key != NULL || memo)

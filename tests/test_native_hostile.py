@@ -342,8 +342,9 @@ def test_the_doors_memo_tells_calls_apart_item_by_item():
     """The doors in C compare a repeated call with their memo item by item
     (csrc/native.c memo_same): on one door, back to back, calls whose keys
     differ in one item only - the shape ((6,), (2, 3), (3, 2)), the dtype
-    (float32 / int32: the same size), the op, the root - four rounds, each
-    against mpi4py's own call; the drop-in's methods likewise."""
+    (float32 / int32: the same size), the op, the root, scatter's two
+    shapes - four rounds, each against mpi4py's own call; the drop-in's
+    methods likewise."""
     comm = MPI.COMM_WORLD
     p, r = comm.size, comm.rank
     mc = mpicoll.Comm(comm)
@@ -384,6 +385,18 @@ def test_the_doors_memo_tells_calls_apart_item_by_item():
         mc.Allgather(x, y)
         return y
 
+    def scatter_door(shape, root, method=False):
+        xs = (np.arange(6 * p) + 1).astype(np.float32).reshape((p,) + shape) if r == root else None
+        y = np.empty(shape, np.float32)
+        (mc.Scatter(xs, y, root) if method else mpicoll.scatter(xs, root, out=y))
+        return y
+
+    def scatter_ref(shape, root):
+        y = np.empty(shape, np.float32)
+        xs = (np.arange(6 * p) + 1).astype(np.float32).reshape((p,) + shape) if r == root else None
+        comm.Scatter(xs, y, root)
+        return y
+
     f32, i32 = np.float32, np.int32
     shapes = [(6,), (2, 3), (3, 2)]
     cases = {  # door: [(call, reference)], each differing from its neighbours in one item
@@ -407,6 +420,9 @@ def test_the_doors_memo_tells_calls_apart_item_by_item():
                             for s in shapes],
         "Comm.Allgather shape": [(lambda s=s: allgather_method(arr(s)), lambda s=s: ref("allgather", arr(s)))
                                  for s in shapes],
+        "scatter shape": [(lambda s=s: scatter_door(s, 0), lambda s=s: scatter_ref(s, 0)) for s in shapes],
+        "scatter root": [(lambda q=q: scatter_door((6,), q), lambda q=q: scatter_ref((6,), q)) for q in (0, root1)],
+        "Comm.Scatter shape": [(lambda s=s: scatter_door(s, 0, True), lambda s=s: scatter_ref(s, 0)) for s in shapes],
     }
     for what, calls in cases.items():
         wants = [want() for _, want in calls]
