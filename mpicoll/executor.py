@@ -115,6 +115,17 @@ def _new_state(prog):
     return ffi.gc(x, lib.mpicoll_x_free)
 
 
+# shm's program (a probe program) in flight wakes the engine's progress
+# thread only from this size (ProgramRequest's passes, in which the thread
+# does the copies and the reduction while the caller computes). Below it
+# the wake-up cost an I-call waited for at once more than it gave:
+# `iallreduce(x, out=y, algorithm="shm").wait()` at p = 2, median of 7
+# interleaved rounds of 300, us, woken / not: 64 KiB 33-34 / 18-22,
+# 256 KiB 47-48 / 35-37, 1 MiB 113-142 / 99-100; overlap with numpy compute
+# (`bench overlap --algorithms shm`, two runs each) 0 % either way at
+# 256 KiB, 9-27 / 0-8 % at 1 MiB, 20-30 / 0 % at 4 MiB.
+SHM_WAKE_MIN_BYTES = 1 << 20
+
 # A program whose scratch is at most this many bytes owns it (blocking runs:
 # no pool look-up per call, which is a measurable share of a short call);
 # larger scratch comes from the communicator's pool, as the generators'
@@ -347,7 +358,8 @@ class Executable:
                 req._error = exc
                 return req
             return engine.Request.completed(result)
-        return engine.submit(ProgramRequest(self, kit, tag, seq, result, finish, deadline, self.st, rc), nbytes)
+        wake = nbytes if not self.probe or nbytes >= SHM_WAKE_MIN_BYTES else 0
+        return engine.submit(ProgramRequest(self, kit, tag, seq, result, finish, deadline, self.st, rc), wake)
 
 
 class ProgramRequest(engine.Request):
