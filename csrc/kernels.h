@@ -120,7 +120,7 @@ int mpicoll_shm_allreduce(char *const *slots, int k, int me, char *buf, const ch
  *       running to be 0 (calls run in the order they were started);
  *   slots0/slots1: every rank's slot of turn 0/1; srcs: room for k
  *       pointers; flags: the k counters, stride bytes apart. */
-struct mpicoll_shm_ctl {
+struct mpicoll_shm_ctl { /* (running: see mpicoll_shm_running) */
     int64_t turn, epoch, checks, slot_bytes, queued, running;
     int k, me;
     char *flags;
@@ -132,6 +132,11 @@ struct mpicoll_shm_ctl {
 /* Whether a call of nbytes (> 0) may run in C now: a window with slots of
  * at least nbytes, nothing queued or running on it (1), or not (0). */
 int mpicoll_shm_ready(const struct mpicoll_shm_ctl *c, int64_t nbytes);
+
+/* c->running, loaded with acquire (a run's end stores it last, with
+ * release, after the counters: the engine's progress thread may end a run
+ * while another thread reads them). */
+int64_t mpicoll_shm_running(const struct mpicoll_shm_ctl *c);
 
 /* mpicoll_shm_allreduce on the window of c, keeping its counters as the
  * schedule does: *stage 0 starts a call (after mpicoll_shm_ready: the

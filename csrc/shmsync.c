@@ -155,9 +155,19 @@ int mpicoll_shm_allreduce(char *const *slots, int k, int me, char *buf, const ch
     return 0;
 }
 
+/* ``running`` is the one field a thread without the GIL writes while
+ * another may read it (the engine's progress thread ends a run while the
+ * caller's thread starts the next call): the end of a run stores it last,
+ * with release, after the turn and the sync count; readers load it with
+ * acquire, so a reader that sees it at 0 sees them too. */
+int64_t mpicoll_shm_running(const struct mpicoll_shm_ctl *c)
+{
+    return __atomic_load_n(&c->running, __ATOMIC_ACQUIRE);
+}
+
 int mpicoll_shm_ready(const struct mpicoll_shm_ctl *c, int64_t nbytes)
 {
-    return nbytes > 0 && c->slot_bytes >= nbytes && c->queued == 0 && c->running == 0;
+    return nbytes > 0 && mpicoll_shm_running(c) == 0 && c->slot_bytes >= nbytes && c->queued == 0;
 }
 
 int mpicoll_shm_run(struct mpicoll_shm_ctl *c, const int64_t *sig, char *buf, const char *own, int64_t n,
@@ -167,7 +177,7 @@ int mpicoll_shm_run(struct mpicoll_shm_ctl *c, const int64_t *sig, char *buf, co
         /* (ShmWindow.publish's and the first sync's numbers, as the schedule takes them) */
         c->checks += 1;
         c->epoch += 1;
-        c->running += 1;
+        __atomic_store_n(&c->running, c->running + 1, __ATOMIC_RELAXED);
     }
     const int64_t first = c->epoch;
     const int sig_at = 1 + (int)(c->checks & 1) * MPICOLL_SHM_SIG_WORDS;
@@ -179,11 +189,11 @@ int mpicoll_shm_run(struct mpicoll_shm_ctl *c, const int64_t *sig, char *buf, co
         return rc;
     }
     *stage = 0;
-    c->running -= 1;
-    if (rc == MPICOLL_SHM_EMISMATCH)
-        return rc; /* every rank stays on this slot, past the first sync only */
-    c->turn ^= 1;
-    if (rc == 0)
-        c->epoch = first + 1;
+    if (rc != MPICOLL_SHM_EMISMATCH) { /* (a mismatch: every rank stays on this slot, past the first sync only) */
+        c->turn ^= 1;
+        if (rc == 0)
+            c->epoch = first + 1;
+    }
+    __atomic_store_n(&c->running, c->running - 1, __ATOMIC_RELEASE); /* (last: see mpicoll_shm_running) */
     return rc;
 }

@@ -133,7 +133,8 @@ class _Turn:
         pass
 
     def test(self) -> bool:
-        return self.queue[0] == self.ticket and not self.ctl.running
+        # (an acquire load: a run the progress thread just ended has moved the turn and counts)
+        return self.queue[0] == self.ticket and not _lib.mpicoll_shm_running(self.ctl)
 
     # No wait(): the blocking driver polls test() and advances the calls
     # ahead in the queue, which may be nonblocking (schedule.advance_others).
