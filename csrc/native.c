@@ -70,6 +70,15 @@ enum kind {
 typedef int (*xrun_fn)(struct mpicoll_xstate *, const int64_t *, int64_t, const int64_t *, char *, char *, char **,
                        int, int, intptr_t, int, int, int64_t *);
 
+/* The executor's probe (MPICOLL_X_PROBE): whether a run of the program may
+ * start now - a shared-memory program's window takes it; always, for the
+ * others. Asked before a call is numbered. */
+static int xrun_ready(xrun_fn f, const int64_t *steps, int64_t nsteps, const int64_t *lists, int op, int dtype,
+                      intptr_t handle, int64_t *info) {
+    return f(NULL, steps, nsteps, lists, NULL, NULL, NULL, op, dtype, handle, 0, MPICOLL_X_PROBE, info)
+           == MPICOLL_X_DONE;
+}
+
 /* A blocking run of a program, the GIL released: the executor's status, or
  * MPICOLL_X_EINTR with a signal handler's exception set. A shared-memory
  * step's blocking wait comes back every round (PENDING, executor.h): the
@@ -1758,8 +1767,8 @@ static PyObject *kept_run(Call *self, PyObject *xo, PyObject *oo, int form) {
      * executor's probe: nothing queued or running there, slots big enough);
      * else the Python path runs the schedule, which waits its turn. */
     if (self->kind == K_PROGRAM
-        && self->xrun(NULL, self->steps, self->nsteps, self->lists, NULL, NULL, NULL, self->xop, self->xdtype,
-                      self->xhandle, 0, MPICOLL_X_PROBE, self->info) != MPICOLL_X_DONE)
+        && !xrun_ready(self->xrun, self->steps, self->nsteps, self->lists, self->xop, self->xdtype, self->xhandle,
+                       self->info))
         goto miss;
     int ok = usual(self);
     if (ok < 0)
@@ -2564,8 +2573,7 @@ static PyObject *persist_xstart(Persist *self, XRun *x) {
     if (E_cls == NULL || x->active)
         return self->active ? persist_again() : PyObject_CallMethodNoArgs((PyObject *)self, s__start);
     /* (a shared-memory program whose window does not take a run now: Python's start runs the schedule) */
-    if (x->xrun(NULL, x->steps, x->nsteps, x->lists, NULL, NULL, NULL, x->op, x->dtype, x->handle, 0,
-                MPICOLL_X_PROBE, x->info) != MPICOLL_X_DONE)
+    if (!xrun_ready(x->xrun, x->steps, x->nsteps, x->lists, x->op, x->dtype, x->handle, x->info))
         return PyObject_CallMethodNoArgs((PyObject *)self, s__start);
     long long sv;
     int entered = persist_enter(self, &sv), rc = MPICOLL_X_DONE;
@@ -2853,7 +2861,7 @@ typedef struct {
     int which;
     PyObject *refs[R_COUNT];
     Py_ssize_t fallbacks; /* calls handed to the Python function (tests read it) */
-    PyObject *m_st, *m_key, *m_fast, *m_version; /* the last hit (door_run) */
+    PyObject *m_st, *m_plans, *m_key, *m_fast, *m_version; /* the last hit (door_run); m_plans: m_st.plans */
 } Door;
 
 static PyObject *s_comm, *s_out, *s_algorithm, *s_op, *s_root, *s_handle, *s_plans, *s_d_, *s_fast, *s_move_to_end,
@@ -2932,6 +2940,7 @@ static PyObject *shape_of(PyArrayObject *x) {
  * version after its move (PlanCache.touch's meaning) and remembers. */
 static void door_forget(Door *d) {
     Py_CLEAR(d->m_st);
+    Py_CLEAR(d->m_plans);
     Py_CLEAR(d->m_key);
     Py_CLEAR(d->m_fast);
     Py_CLEAR(d->m_version);
@@ -3010,8 +3019,9 @@ static PyObject *door_run(Door *d, PyObject *st, PyObject *key, PyObject *x, PyO
     if (key == NULL)
         key = d->m_key;
     Py_INCREF(key); /* (held: the memo may change below) */
-    if ((plans = PyObject_GetAttr(st, s_plans)) != NULL && (ver = PyObject_GetAttr(plans, s_version)) != NULL
-        && st == d->m_st && ver == d->m_version) {
+    /* (a state's plan cache is made with it and never replaced: the memo's is this state's) */
+    plans = st == d->m_st ? Py_NewRef(d->m_plans) : PyObject_GetAttr(st, s_plans);
+    if (plans != NULL && (ver = PyObject_GetAttr(plans, s_version)) != NULL && st == d->m_st && ver == d->m_version) {
         int same = key == d->m_key ? 1 : PyObject_RichCompareBool(key, d->m_key, Py_EQ);
         if (same > 0) {
             remembered = 1;
@@ -3041,6 +3051,7 @@ static PyObject *door_run(Door *d, PyObject *st, PyObject *key, PyObject *x, PyO
                     Py_INCREF(fast);
                     door_forget(d);
                     d->m_st = st;
+                    d->m_plans = Py_NewRef(plans);
                     d->m_key = key;
                     d->m_fast = fast;
                     d->m_version = nv;
@@ -3696,6 +3707,7 @@ static int Door_traverse(Door *d, visitproc visit, void *arg) {
     for (int i = 0; i < R_COUNT; i++)
         Py_VISIT(d->refs[i]);
     Py_VISIT(d->m_st);
+    Py_VISIT(d->m_plans);
     Py_VISIT(d->m_key);
     Py_VISIT(d->m_fast);
     Py_VISIT(d->m_version);

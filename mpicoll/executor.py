@@ -28,19 +28,22 @@ import numpy as np
 from mpi4py import MPI
 
 from . import engine
+from . import program as _program
 from . import schedule as _sched
 from ._kernels import ffi as _kffi, lib as _klib
 from .builds import library_module
+
+
+def _kernel(mod, fn):
+    """A function of mpicoll._kernels as the executor module's void pointer."""
+    return mod.ffi.cast("void *", int(_kffi.cast("uintptr_t", fn)))
 
 
 def _load():
     mod, why = library_module("_executor")
     if mod is None:
         return None, why
-    def address(fn):
-        return mod.ffi.cast("void *", int(_kffi.cast("uintptr_t", fn)))
-
-    mod.lib.mpicoll_x_set_kernels(address(_klib.mpicoll_reduce), address(_klib.mpicoll_reduce_many))
+    mod.lib.mpicoll_x_set_kernels(_kernel(mod, _klib.mpicoll_reduce), _kernel(mod, _klib.mpicoll_reduce_many))
     return mod, ""
 
 
@@ -61,9 +64,8 @@ def use_shm(spins: int, yield_s: float, round_s: float) -> None:
     shmwindow.py's, which calls this when it is imported (before that no
     shm program exists, and the step would decline)."""
     if _mod is not None:
-        lib.mpicoll_x_set_shm(ffi.cast("void *", int(_kffi.cast("uintptr_t", _klib.mpicoll_shm_run))),
-                              ffi.cast("void *", int(_kffi.cast("uintptr_t", _klib.mpicoll_shm_ready))),
-                              spins, int(yield_s * 1e9), int(round_s * 1e9))
+        lib.mpicoll_x_set_shm(_kernel(_mod, _klib.mpicoll_shm_run), _kernel(_mod, _klib.mpicoll_shm_ready), spins,
+                              int(yield_s * 1e9), int(round_s * 1e9))
 
 
 def run_blocking(state, steps, nsteps, lists, buf, src, scratch, op, dtype, handle, tag, info) -> int:
@@ -186,9 +188,9 @@ class Executable:
         self.keys = tuple(f"exec-{i}" for i in range(len(prog.scratch)))
         self.own = sum(prog.scratch) <= OWN_SCRATCH_BYTES
         self.kit = self._blocking_kit()
-        # A shared-memory program runs only while its window takes it
-        # (ready(); the C callers probe the same way).
-        self.probe = prog.explain is not None
+        # A shared-memory program (its step SHM) runs only while its window
+        # takes it (ready(); the C callers probe the same way).
+        self.probe = len(prog.steps) > 0 and int(prog.steps[0, 0]) == _program.SHM
         self.idle = []  # kits of completed nonblocking runs (own scratch only): see take_kit
         # The native Call that runs this program's blocking calls whole in
         # C (kept.py's _gate_program; point()), False where there is none,

@@ -226,16 +226,9 @@ class KeptAllreduce(_Kept):
         entry = self.entry
         if entry is not None and (entry.compilable or entry.program is not None) and self.st.size > 1 \
                 and _executor.enabled():
-            try:
-                if entry.program is not None:
-                    prog = entry.program(self.st, x.size, x.dtype, self.red, self.mode != 1, **self.knobs)
-                else:
-                    prog = _program.record(entry.schedule, self.st, x.size, x.dtype, self.red, self.mode != 1,
-                                           self.knobs)
-                if prog is not None:
-                    exe = _executor.Executable(prog, self.st, self.red, "allreduce", self.name)
-            except _program.NotCompilable:
-                pass
+            prog = _program.for_entry(entry, self.st, x.size, x.dtype, self.red, self.mode != 1, self.knobs)
+            if prog is not None:
+                exe = _executor.Executable(prog, self.st, self.red, "allreduce", self.name)
         self.exe = exe
         return exe
 

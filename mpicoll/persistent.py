@@ -104,14 +104,7 @@ class Persistent(_Front):
                 and (rec[0].program is not None or (rec[0].compilable and plan.nbytes < engine.WAKE_MIN_BYTES)):
             # (long messages of a recorded schedule overlap better on the generator: see kept.py)
             entry, buf, red, src, knobs = rec
-            try:
-                if entry.program is not None:
-                    prog = entry.program(plan.st, buf.size, buf.dtype, red, src is not None, **knobs)
-                else:
-                    prog = _program.record(entry.schedule, plan.st, buf.size, buf.dtype, red, src is not None,
-                                           knobs)
-            except _program.NotCompilable:
-                prog = None
+            prog = _program.for_entry(entry, plan.st, buf.size, buf.dtype, red, src is not None, knobs)
             if prog is not None:
                 self._exe = _executor.Executable(prog, plan.st, red, plan.collective, plan.algorithm)
                 self._kit = self._new_kit()

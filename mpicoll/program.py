@@ -209,6 +209,21 @@ class _RecordingReduction:
         raise NotCompilable("finish() inside a schedule")
 
 
+def for_entry(entry, st, n: int, storage, red, has_src: bool, knobs) -> "Program | None":
+    """The program of registered algorithm ``entry`` for this signature: the
+    one it writes itself (registry ``program``: shm's), else its schedule
+    recorded (``compilable``); None where it has neither or the recording
+    fails (NotCompilable): the schedule runs the calls."""
+    try:
+        if entry.program is not None:
+            return entry.program(st, n, storage, red, has_src, **knobs)
+        if entry.compilable:
+            return record(entry.schedule, st, n, storage, red, has_src, knobs)
+    except NotCompilable:
+        pass
+    return None
+
+
 def record(schedule, st, n: int, storage, red, has_src: bool, knobs=None) -> Program:
     """Record ``schedule(ctx, buf, red, src, **knobs)`` (an all-reduce-shaped
     schedule) for rank ``st.rank`` of ``st.size``, ``n`` elements of numpy
