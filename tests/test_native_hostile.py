@@ -432,3 +432,69 @@ def test_the_doors_memo_tells_calls_apart_item_by_item():
                 if w is None:
                     continue
                 assert g.shape == w.shape and g.dtype == w.dtype and np.array_equal(g, w), (what, rnd, i, g, w)
+
+
+def test_shm_programs_and_remembering_doors_off_the_main_road():
+    """This session's paths off the main road, four rounds each, back to
+    back on one door (so that each call follows a remembered hit): shm's
+    program (shm, hierarchical) on a strided view, a misaligned buffer and
+    a contiguous array of the same shape, with NaN under max, blocking and
+    I-form; mpicoll.Comm.Allreduce with algorithm shm, IN_PLACE and mpi4py's
+    [buf, MPI.FLOAT] specs in turn; bcast and Comm.Bcast on an array and
+    with a spec, between them bcast of a strided view of its shape (a
+    ValueError on every rank: bcast writes in place). Each result against
+    mpi4py's own call, identical bits on every rank."""
+    comm = MPI.COMM_WORLD
+    p, r = comm.size, comm.rank
+    mc = mpicoll.Comm(comm)
+    vals = np.arange(7, dtype=np.float32) * (r + 1)
+    vals[r % 7] = np.nan
+    want = np.empty_like(vals)
+    comm.Allreduce(vals, want, MPI.MAX)  # (MPI's max: NaN where some rank has NaN is checked below)
+    nan_at = {q % 7 for q in range(p)}
+
+    def right(got, what):
+        for j in range(7):
+            assert np.isnan(got[j]) if j in nan_at else got[j] == want[j], (what, j, got, want)
+        _same_everywhere(comm, got, what)
+
+    base = np.zeros(14, np.float32)
+    raw = bytearray(4 * 7 + 1)
+    mis = np.frombuffer(raw, dtype=np.float32, offset=1, count=7)
+    for alg in ("shm", "hierarchical"):
+        for rnd in range(4):
+            strided = base[::2]
+            strided[:] = vals
+            mis[:] = vals
+            contig = vals.copy()
+            right(mpicoll.allreduce(strided, "max", algorithm=alg), f"{alg} strided")
+            right(mpicoll.allreduce(mis, "max", algorithm=alg), f"{alg} misaligned")
+            right(mpicoll.allreduce(contig, "max", out=contig, algorithm=alg), f"{alg} in place")
+            right(mpicoll.iallreduce(strided, "max", algorithm=alg).wait(), f"{alg} I strided")
+            right(mpicoll.iallreduce(mis, "max", algorithm=alg).wait(), f"{alg} I misaligned")
+            right(mpicoll.iallreduce(vals, "max", algorithm=alg).wait(), f"{alg} I")
+            y, y2, y3 = np.empty(7, np.float32), vals.copy(), np.empty(7, np.float32)
+            mc.Allreduce(vals, y, MPI.MAX, algorithm=alg)
+            right(y, f"Comm {alg}")
+            mc.Allreduce(MPI.IN_PLACE, y2, MPI.MAX, algorithm=alg)
+            right(y2, f"Comm {alg} IN_PLACE")
+            mc.Allreduce([vals, MPI.FLOAT], [y3, MPI.FLOAT], MPI.MAX, algorithm=alg)
+            right(y3, f"Comm {alg} specs")
+    root = p - 1
+    src = (np.arange(6, dtype=np.float64) + 1) * 3
+    for rnd in range(4):
+        a = src.copy() if r == root else np.zeros(6)
+        bs = np.zeros(12)
+        sv = bs[::2]
+        if r == root:
+            sv[:] = src
+        a2 = src.copy() if r == root else np.zeros(6)
+        a3 = src.copy() if r == root else np.zeros(6)
+        mpicoll.bcast(a, root)
+        with pytest.raises(ValueError, match="C-contiguous"):  # (on every rank, before any message)
+            mpicoll.bcast(sv, root)
+        mc.Bcast(a2, root)
+        mc.Bcast([a3, MPI.DOUBLE], root)
+        for got, what in ((a, "bcast"), (a2, "Comm.Bcast"), (a3, "Comm.Bcast spec")):
+            assert np.array_equal(got, src), (what, rnd, got)
+            _same_everywhere(comm, got, what)
