@@ -132,6 +132,10 @@ typedef struct {
     Py_ssize_t nbytes;  /* the size of the buffers the program was recorded for */
     long long tag_span; /* CommState.tag_span: a call's tag is 1 + seq % tag_span */
     PyObject *exe, *kit;
+    /* K_PROGRAM's I-calls (program_i()): an XRun over a kit of their own,
+     * one run in flight at a time (another I-call meanwhile misses: the
+     * Python path gives it a kit of its own), or NULL: I-calls miss. */
+    PyObject *ixr;
 } Call;
 
 static int int_array(PyObject *seq, int n, int **out, const char *what) {
@@ -195,6 +199,7 @@ static int Call_traverse(Call *self, visitproc visit, void *arg) {
     Py_VISIT(self->miss);
     Py_VISIT(self->exe);
     Py_VISIT(self->kit);
+    Py_VISIT(self->ixr);
     return 0;
 }
 
@@ -221,6 +226,7 @@ static void program_clear(Call *self) {
 static int Call_clear_all(Call *self) {
     Call_clear(self);
     program_clear(self);
+    Py_CLEAR(self->ixr);
     return 0;
 }
 
@@ -1579,6 +1585,17 @@ static int wait_alone(RCore *req) {
     else if (PyList_GET_SIZE(active) == 0 && !req->finished && !req->blocking && !req->listed) {
         alone = 1;
         req->blocking = 1;
+    } else if (req->listed && !req->finished && !req->blocking && PyList_GET_SIZE(active) == 1
+               && PyList_GET_ITEM(active, 0) == (PyObject *)req && (req->deadline == NULL || req->deadline == Py_None)) {
+        /* listed (a program's run, a long I-call) and the only one: taken
+         * back, as wait_native does (the progress thread tests under the lock) */
+        if (PyList_SetSlice(active, 0, 1, NULL) < 0)
+            bad = 1;
+        else {
+            req->listed = 0;
+            alone = 1;
+            req->blocking = 1;
+        }
     }
     Py_XDECREF(active);
     if (lock_give() < 0 || bad) {
@@ -1743,6 +1760,11 @@ static int takes(PyObject *oo, PyArrayObject *x, int nd, npy_intp *dims) {
  * allgather, alltoall, scatter, gather, program) on (x, out), blocking
  * (returns the result) or started (F_START: see start_kept); ``miss`` for
  * anything unusual. */
+/* A program's I-call (below, after XRun) */
+static int iprogram_free(Call *self);
+static int iprogram_pass(PyObject *ixr, PyObject *xo, PyObject *out, char *buf, char *src, int tag, long long seq);
+static PyObject *iprogram_request(PyObject *ixr, int rc, PyObject *out, PyObject *st);
+
 static PyObject *kept_run(Call *self, PyObject *xo, PyObject *oo, int form) {
     if (self->st == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "mpicoll native: call a Call only after gate()");
@@ -1758,10 +1780,12 @@ static PyObject *kept_run(Call *self, PyObject *xo, PyObject *oo, int form) {
     int need = NPY_ARRAY_C_CONTIGUOUS | (self->kind == K_BCAST ? 0 : NPY_ARRAY_ALIGNED);
     if ((PyArray_FLAGS(x) & need) != need)
         goto miss;
-    /* A program runs blocking only, on buffers of the size it was recorded
-     * for (the kept signature's; checked again here: its steps' offsets
-     * assume it); its I-form stays with kept.py (a ProgramRequest). */
-    if (self->kind == K_PROGRAM && (form != F_BLOCKING || PyArray_NBYTES(x) != self->nbytes))
+    /* A program runs on buffers of the size it was recorded for (the kept
+     * signature's; checked again here: its steps' offsets assume it); an
+     * I-call only where the Call has its I-run and that is free (else
+     * kept.py's ProgramRequest, on a kit of its own). */
+    if (self->kind == K_PROGRAM
+        && (PyArray_NBYTES(x) != self->nbytes || (form != F_BLOCKING && !iprogram_free(self))))
         goto miss;
     /* A shared-memory program runs only while its window takes it (the
      * executor's probe: nothing queued or running there, slots big enough);
@@ -1930,10 +1954,10 @@ static PyObject *kept_run(Call *self, PyObject *xo, PyObject *oo, int form) {
             return NULL;
         goto miss;
     }
-    PyObject *seq = take_number(self->numbers, self->st);
-    int rc = MPI_SUCCESS, xrc = MPICOLL_X_DONE, tag = 0, failed = seq == NULL;
+    PyObject *seq = take_number(self->numbers, self->st), *ixr = NULL;
+    int rc = MPI_SUCCESS, xrc = MPICOLL_X_DONE, irc = 0, tag = 0, failed = seq == NULL;
     Req *q = NULL;
-    if (!failed && form == F_START) {
+    if (!failed && form == F_START && self->kind != K_PROGRAM) {
         q = PyObject_New(Req, &ReqType);
         if (q == NULL)
             failed = 1;
@@ -1954,8 +1978,12 @@ static PyObject *kept_run(Call *self, PyObject *xo, PyObject *oo, int form) {
         else {
             tag = (int)(1 + sv % self->tag_span);
             char *bp = PyArray_DATA(out), *sp = self->mode == 1 ? NULL : PyArray_DATA(x);
-            xrc = xrun_blocking(self->xrun, self->xstate, self->steps, self->nsteps, self->lists, bp, sp,
-                                self->scratch, self->xop, self->xdtype, self->xhandle, tag, self->info);
+            if (form == F_START) { /* (held: a failed pass gives the Call a new I-run) */
+                ixr = Py_NewRef(self->ixr);
+                irc = iprogram_pass(ixr, xo, (PyObject *)out, bp, sp, tag, sv);
+            } else
+                xrc = xrun_blocking(self->xrun, self->xstate, self->steps, self->nsteps, self->lists, bp, sp,
+                                    self->scratch, self->xop, self->xdtype, self->xhandle, tag, self->info);
         }
     } else if (!failed) {
         int rcp;
@@ -1975,10 +2003,18 @@ static PyObject *kept_run(Call *self, PyObject *xo, PyObject *oo, int form) {
         Py_XDECREF(exc_value);
         Py_XDECREF(exc_tb);
         Py_XDECREF(seq);
+        Py_XDECREF(ixr);
         Py_DECREF(out);
         return NULL;
     }
     PyErr_Restore(exc_type, exc_value, exc_tb);
+    if (ixr != NULL) { /* a program's I-call: its request (a pass's error is recorded on it) */
+        Py_XDECREF(seq);
+        PyObject *res = iprogram_request(ixr, irc, (PyObject *)out, self->st);
+        Py_DECREF(ixr);
+        Py_DECREF(out);
+        return res;
+    }
     if (!failed && xrc != MPICOLL_X_DONE) {
         /* The executor's error: Executable.gated_failed keeps what the
          * library may still write into, gives the gate a new kit and raises
@@ -2043,12 +2079,16 @@ static PyObject *Call_start_kept(Call *self, PyObject *const *args, Py_ssize_t n
     return kept_run(self, args[0], nargs == 2 ? args[1] : Py_None, F_START);
 }
 
+static PyObject *Call_program_i(Call *self, PyObject *const *args, Py_ssize_t nargs);
+
 static PyMethodDef Call_methods[] = {
     {"start_kept", (PyCFunction)(void (*)(void))Call_start_kept, METH_FASTCALL,
      "start_kept(x, out) -> NativeRequest, (result, Req) or miss: a gated call's I-call, whole."},
     {"program", (PyCFunction)(void (*)(void))Call_program, METH_FASTCALL,
      "program(xrun, state, steps, nsteps, lists, scratch, info, op, dtype, comm, nbytes, exe, kit): a program's "
      "Call runs this executor program (gate() it, then call it)."},
+    {"program_i", (PyCFunction)(void (*)(void))Call_program_i, METH_FASTCALL,
+     "program_i(xr): the XRun a program Call's I-calls run on (start_kept), or None."},
     {"gate", (PyCFunction)(void (*)(void))Call_gate, METH_FASTCALL,
      "gate(st, kept, env_data, engine, miss): bind a kept call's state; then call the object with (x, out)."},
     {"start", (PyCFunction)(void (*)(void))Call_start, METH_FASTCALL,
@@ -2101,11 +2141,13 @@ typedef struct {
     intptr_t handle;
     long long seq;
     PyObject *owner, *fail;
+    PyObject *bufs; /* an I-run's: the arrays buf and src point into, held while the run is active */
 } XRun;
 
 static int XRun_traverse(XRun *self, visitproc visit, void *arg) {
     Py_VISIT(self->owner);
     Py_VISIT(self->fail);
+    Py_VISIT(self->bufs);
     return 0;
 }
 
@@ -2114,6 +2156,7 @@ static int XRun_clear(XRun *self) {
         return 0; /* in the library's hands: what it points into stays */
     Py_CLEAR(self->owner);
     Py_CLEAR(self->fail);
+    Py_CLEAR(self->bufs);
     return 0;
 }
 
@@ -2121,6 +2164,7 @@ static void XRun_dealloc(XRun *self) {
     PyObject_GC_UnTrack(self);
     if (self->active) { /* (leaked on purpose: the library may still write into it) */
         Py_XINCREF(self->owner);
+        Py_XINCREF(self->bufs);
         self->active = 0;
     }
     XRun_clear(self);
@@ -2128,7 +2172,8 @@ static void XRun_dealloc(XRun *self) {
 }
 
 /* XRun(xrun, state, steps, nsteps, lists, scratch, info, op, dtype, comm, buf, src, owner, fail): addresses
- * as ints (scratch and src may be None). */
+ * as ints (scratch and src may be None; buf None or 0 for an I-run, whose
+ * buffers each I-call binds: iprogram_pass). */
 static PyObject *XRun_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     PyObject *a[14];
     if (kw != NULL && PyDict_GET_SIZE(kw) > 0) {
@@ -2138,9 +2183,9 @@ static PyObject *XRun_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     if (!PyArg_UnpackTuple(args, "XRun", 14, 14, &a[0], &a[1], &a[2], &a[3], &a[4], &a[5], &a[6], &a[7], &a[8],
                            &a[9], &a[10], &a[11], &a[12], &a[13]))
         return NULL;
-    void *ptr[6];
-    static const int at[6] = {0, 1, 2, 4, 6, 10}; /* xrun, state, steps, lists, info, buf: never NULL */
-    for (int i = 0; i < 6; i++) {
+    void *ptr[5];
+    static const int at[5] = {0, 1, 2, 4, 6}; /* xrun, state, steps, lists, info: never NULL */
+    for (int i = 0; i < 5; i++) {
         ptr[i] = PyLong_AsVoidPtr(a[at[i]]);
         if (ptr[i] == NULL) {
             if (!PyErr_Occurred())
@@ -2149,6 +2194,7 @@ static PyObject *XRun_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
         }
     }
     void *scratch = a[5] == Py_None ? NULL : PyLong_AsVoidPtr(a[5]);
+    void *buf = a[10] == Py_None ? NULL : PyLong_AsVoidPtr(a[10]);
     void *src = a[11] == Py_None ? NULL : PyLong_AsVoidPtr(a[11]);
     long long nsteps = PyLong_AsLongLong(a[3]), handle = PyLong_AsLongLong(a[9]);
     long op = PyLong_AsLong(a[7]), dtype = PyLong_AsLong(a[8]);
@@ -2166,7 +2212,7 @@ static PyObject *XRun_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     x->steps = ptr[2];
     x->lists = ptr[3];
     x->info = ptr[4];
-    x->buf = ptr[5];
+    x->buf = buf;
     x->scratch = scratch;
     x->src = src;
     x->nsteps = nsteps;
@@ -2193,15 +2239,19 @@ static int xrun_pass(XRun *x, int blocking) {
         rc = x->xrun(x->state, x->steps, x->nsteps, x->lists, x->buf, x->src, x->scratch, x->op, x->dtype,
                      x->handle, x->tag, 0, x->info);
     if (rc == MPICOLL_X_DONE || rc == MPICOLL_X_PENDING) {
-        if (rc == MPICOLL_X_DONE)
+        if (rc == MPICOLL_X_DONE) {
             x->active = 0;
+            Py_CLEAR(x->bufs);
+        }
         return rc;
     }
     x->active = 0;
     PyObject *t = NULL, *v = NULL, *tb = NULL;
     if (rc == MPICOLL_X_EINTR) /* (fail() gives up the kit; the handler's exception is raised) */
         PyErr_Fetch(&t, &v, &tb);
+    /* (fail() keeps the kit and an I-run's bufs for the library: after it, ours go) */
     PyObject *exc = PyObject_CallFunction(x->fail, "iiL", rc, x->tag, x->seq);
+    Py_CLEAR(x->bufs);
     if (t != NULL) {
         Py_XDECREF(exc);
         PyErr_Clear();
@@ -2252,6 +2302,7 @@ static PyMemberDef XRun_members[] = {
     {"active", T_INT, offsetof(XRun, active), READONLY, "started, not yet complete"},
     {"tag", T_INT, offsetof(XRun, tag), READONLY, "the current run's tag"},
     {"seq", T_LONGLONG, offsetof(XRun, seq), READONLY, "the current run's call number"},
+    {"bufs", T_OBJECT, offsetof(XRun, bufs), READONLY, "an I-run's arrays while it runs (x, out), or None"},
     {NULL, 0, 0, 0, NULL}};
 
 static PyTypeObject XRunType = {
@@ -2507,28 +2558,20 @@ static PyObject *Persist_program(Persist *self, PyObject *const *args, Py_ssize_
     Py_RETURN_NONE;
 }
 
-/* A started run the first pass left pending, as the engine's request: a
- * NativeRequest over the XRun (its _finish the plan's), the state held,
- * put in the engine's list - as Python's start lists its ProgramRequest -
- * so that any thread's wait() or the progress thread advances it while
- * this rank waits for something else. The request, or NULL with an error. */
-static PyObject *xlisted(Persist *self, XRun *x) {
-    RCore *r = (RCore *)new_request((PyObject *)x, self->result, self->xfinish, self->st);
-    if (r == NULL)
-        return NULL;
-    /* engine.list_locked, here while the progress thread exists and no
-     * step runs on this thread; else the Python (it spawns the thread, or
-     * refuses a call from a step) */
+/* Put a pending request in the engine's list - engine.list_locked, here
+ * while the progress thread exists and no step runs on this thread; else
+ * the Python (it spawns the thread, or refuses a call from a step) - so
+ * that any thread's wait() or the progress thread advances it while this
+ * rank waits for something else. 0, or -1 with an error set. */
+static int list_pending(RCore *r) {
     PyObject *thread = PyObject_GetAttr(E_engine, s_thread);
     int is = thread == NULL ? -1 : thread != Py_None;
     Py_XDECREF(thread);
     if (is > 0)
         is = attr_is(E_engine, s_stepper, Py_None);
     if (is > 0) {
-        if (lock_take() < 0) {
-            Py_DECREF(r);
-            return NULL;
-        }
+        if (lock_take() < 0)
+            return -1;
         PyObject *active = PyObject_GetAttr(E_engine, s_active);
         int bad = active == NULL || !PyList_Check(active) || PyList_Append(active, (PyObject *)r) < 0;
         if (!bad)
@@ -2537,17 +2580,26 @@ static PyObject *xlisted(Persist *self, XRun *x) {
         if (lock_give() < 0 || bad) {
             if (!PyErr_Occurred())
                 PyErr_SetString(PyExc_TypeError, "mpicoll native: the engine's list is not a list");
-            Py_DECREF(r);
-            return NULL;
+            return -1;
         }
-    } else if (is == 0) {
-        PyObject *got = PyObject_CallMethodOneArg(E_engine, s_list_native, (PyObject *)r);
-        Py_XDECREF(got);
-        if (got == NULL) {
-            Py_DECREF(r);
-            return NULL;
-        }
-    } else {
+        return 0;
+    }
+    if (is < 0)
+        return -1;
+    PyObject *got = PyObject_CallMethodOneArg(E_engine, s_list_native, (PyObject *)r);
+    Py_XDECREF(got);
+    return got == NULL ? -1 : 0;
+}
+
+/* A started run the first pass left pending, as the engine's request: a
+ * NativeRequest over the XRun (its _finish the plan's), the state held,
+ * listed (as Python's start lists its ProgramRequest). The request, or
+ * NULL with an error. */
+static PyObject *xlisted(Persist *self, XRun *x) {
+    RCore *r = (RCore *)new_request((PyObject *)x, self->result, self->xfinish, self->st);
+    if (r == NULL)
+        return NULL;
+    if (list_pending(r) < 0) {
         Py_DECREF(r);
         return NULL;
     }
@@ -2818,6 +2870,97 @@ static PyTypeObject PersistType = {
     .tp_methods = Persist_methods,
     .tp_members = Persist_members,
 };
+
+/* ---- a program's I-call, in C (a gated kept all-reduce's start_kept) --------
+ *
+ * ``mpicoll.iallreduce(x, out=y, algorithm=...)`` of a kept signature whose
+ * compiled schedule (or shm's program) the blocking calls already run in C
+ * (K_PROGRAM, gated): kept_run makes the call's checks, takes the gate, the
+ * call number and its tag as for a blocking call, then runs the executor's
+ * first pass on the Call's I-run - an XRun over a kit of its own
+ * (executor.Executable.point), the call's arrays bound to it for the run.
+ * A run that pass finished is a completed request; a pending one is the
+ * engine's NativeRequest over the XRun, listed as Python's ProgramRequest
+ * is (other threads' waits and the progress thread advance it); its wait()
+ * with nothing else listed takes it back and finishes it in one blocking
+ * pass, the GIL released (wait_alone). An error of the pass is recorded on
+ * the request and raised by wait(), as ProgramRequest does. One run at a
+ * time: while the I-run is in flight, another I-call of the signature
+ * misses, and kept.py's ProgramRequest runs it on a kit of its own. */
+
+/* Whether kept_run may run an I-call on the Call's I-run now. */
+static int iprogram_free(Call *self) {
+    XRun *x = (XRun *)self->ixr;
+    return x != NULL && !x->active && !x->inside && E_cls != NULL;
+}
+
+/* The first pass of an I-call on ``ixr``: the arrays (xo, out) held and
+ * their data (buf, src) bound, the run numbered (tag, seq). The executor's
+ * status (DONE or PENDING), or -1 with the run's error set (its fail() has
+ * kept the kit). */
+static int iprogram_pass(PyObject *ixr, PyObject *xo, PyObject *out, char *buf, char *src, int tag, long long seq) {
+    XRun *x = (XRun *)ixr;
+    PyObject *bufs = xo == out ? Py_NewRef(out) : PyTuple_Pack(2, xo, out);
+    if (bufs == NULL)
+        return -1;
+    Py_XSETREF(x->bufs, bufs);
+    x->buf = buf;
+    x->src = src;
+    x->tag = tag;
+    x->seq = seq;
+    x->active = 1;
+    return xrun_pass(x, 0);
+}
+
+/* The request of an I-call whose first pass ended with ``rc``: pending, the
+ * engine's NativeRequest over the run, listed, the state ``st`` held;
+ * otherwise a completed one, the pass's error (set: rc -1) recorded on it.
+ * NULL with an error of ours. */
+static PyObject *iprogram_request(PyObject *ixr, int rc, PyObject *out, PyObject *st) {
+    if (rc == MPICOLL_X_PENDING) {
+        /* (on an error below the run stays active: the XRun keeps what it points into) */
+        RCore *r = (RCore *)new_request(ixr, out, NULL, st);
+        if (r == NULL)
+            return NULL;
+        r->keep = Py_NewRef(((XRun *)ixr)->bufs);
+        if (list_pending(r) < 0) {
+            Py_DECREF(r);
+            return NULL;
+        }
+        return (PyObject *)r;
+    }
+    PyObject *exc = NULL;
+    if (rc < 0) {
+        PyObject *t, *tb;
+        PyErr_Fetch(&t, &exc, &tb);
+        PyErr_NormalizeException(&t, &exc, &tb);
+        if (tb != NULL && exc != NULL)
+            PyException_SetTraceback(exc, tb);
+        Py_XDECREF(t);
+        Py_XDECREF(tb);
+    }
+    PyTypeObject *cls = (PyTypeObject *)E_cls;
+    RCore *r = (RCore *)cls->tp_alloc(cls, 0);
+    if (r == NULL) {
+        Py_XDECREF(exc);
+        return NULL;
+    }
+    r->result = Py_NewRef(out);
+    r->error = exc;
+    r->finished = r->done = 1;
+    return (PyObject *)r;
+}
+
+/* program_i(xr): the XRun (buffers unbound) this program Call's I-calls
+ * run on, or None: they miss. */
+static PyObject *Call_program_i(Call *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 1 || (args[0] != Py_None && Py_TYPE(args[0]) != &XRunType) || self->kind != K_PROGRAM) {
+        PyErr_SetString(PyExc_TypeError, "mpicoll native: program_i(xr), a program Call's, xr an XRun or None");
+        return NULL;
+    }
+    Py_XSETREF(self->ixr, args[0] == Py_None ? NULL : Py_NewRef(args[0]));
+    Py_RETURN_NONE;
+}
 
 /* ---- the front doors of the gated calls, in C ---------------------------------
  *

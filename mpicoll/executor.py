@@ -28,6 +28,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import engine
+from . import native as _native
 from . import program as _program
 from . import schedule as _sched
 from ._kernels import ffi as _kffi, lib as _klib
@@ -171,7 +172,7 @@ class Executable:
     """A program bound to the executor and to one communicator's state."""
 
     __slots__ = ("prog", "st", "steps", "lists", "nsteps", "op", "dtype", "handle", "keys", "own", "kit",
-                 "collective", "algorithm", "idle", "gated", "probe")
+                 "collective", "algorithm", "idle", "gated", "probe", "ikit", "ixr")
 
     def __init__(self, prog, st, red, collective, algorithm):
         self.prog, self.st = prog, st
@@ -196,6 +197,9 @@ class Executable:
         # C (kept.py's _gate_program; point()), False where there is none,
         # None until the first blocking run tries.
         self.gated = None
+        # The gated Call's I-run (an XRun over a kit of its own, _point_i),
+        # None where it has none.
+        self.ikit = self.ixr = None
 
     def _blocking_kit(self):
         return Kit(self.prog, [np.empty(max(n, 64), np.uint8) for n in self.prog.scratch] if self.own else [])
@@ -286,15 +290,44 @@ class Executable:
                      None if kit.ptrs == ffi.NULL else _address(kit.ptrs), _address(kit.info), self.op, self.dtype,
                      self.handle, self.prog.nbytes, self, kit)
         self.gated = call
+        if self.ixr is None:
+            self._point_i(call)
+
+    def _point_i(self, call) -> None:
+        """Give ``call`` an I-run: an XRun over a kit of its own, on which its
+        start_kept runs this program's I-calls whole in C, one at a time
+        (csrc/native.c, "a program's I-call"). Only below the sizes from
+        which a run in flight wakes the progress thread (ProgramRequest's
+        ``wake`` in started(): the C start does not wake it)."""
+        nat = _native.module()
+        if nat is None or self.prog.nbytes >= (SHM_WAKE_MIN_BYTES if self.probe else engine.WAKE_MIN_BYTES):
+            return
+        kit = self._blocking_kit()
+        self.ikit, self.ixr = kit, nat.XRun(*self.xrun_args(kit), self._ifailed)
+        call.program_i(self.ixr)
+
+    def _ifailed(self, rc, tag, seq) -> BaseException:
+        """The I-run's pass ended with executor error ``rc`` (its XRun calls
+        this): its kit, and the call's arrays it points into, stay with the
+        library (the messages it posted may still land); the Call gets a new
+        I-run; the error is returned for the run to record or raise."""
+        kit, xr = self.ikit, self.ixr
+        kit.dead = True
+        engine._abandoned.append((kit, xr.bufs))
+        self.ixr = None
+        self.gated.program_i(None)  # (its state stopped mid-run: never run again)
+        self._point_i(self.gated)
+        return self.error(rc, kit.info, tag, seq)
 
     def xrun_args(self, kit) -> tuple:
         """What csrc/native.c's XRun takes to run this program on ``kit``
-        (bound): the addresses run() and post() pass to the executor, the
+        (bound; unbound for an I-run, whose C start binds each call's
+        arrays): the addresses run() and post() pass to the executor, the
         owner of what they point into (self and the kit) last but one."""
         return (_XRUN, _address(kit.state), _address(self.steps), self.nsteps, _address(self.lists),
                 None if kit.ptrs == ffi.NULL else _address(kit.ptrs), _address(kit.info), self.op, self.dtype,
-                self.handle, _address(kit.c_buf), None if kit.c_src == ffi.NULL else _address(kit.c_src),
-                (self, kit))
+                self.handle, None if kit.c_buf == ffi.NULL else _address(kit.c_buf),
+                None if kit.c_src == ffi.NULL else _address(kit.c_src), (self, kit))
 
     def gated_failed(self, buf, src, rc, tag, seq):
         """The gated Call's run on (buf, src) ended with executor status

@@ -369,9 +369,12 @@ class KeptAllreduce(_Kept):
         enter(st)
         try:
             seq, tag = st.next_seq()
-            return exe.start(out, None if out is x else x, tag, seq, kit, out, finish, None, x.nbytes)
+            req = exe.start(out, None if out is x else x, tag, seq, kit, out, finish, None, x.nbytes)
         finally:
             st.busy.release()
+        if exe.gated is None:  # the next I-calls whole in C (csrc/native.c, "a program's I-call")
+            _gate_program(self, exe)
+        return req
 
     def _plan(self, x, out, pool):
         st, red = self.st, self.red

@@ -498,3 +498,89 @@ def test_shm_programs_and_remembering_doors_off_the_main_road():
         for got, what in ((a, "bcast"), (a2, "Comm.Bcast"), (a3, "Comm.Bcast spec")):
             assert np.array_equal(got, src), (what, rnd, got)
             _same_everywhere(comm, got, what)
+
+
+def test_program_i_calls_in_c_off_the_main_road():
+    """A compiled schedule's (and shm's) I-call whole in C (csrc/native.c,
+    "a program's I-call"): from a signature's third I-call on, the C start
+    runs it on the Call's I-run and returns the engine's NativeRequest. For
+    every such algorithm, awkward counts, out given, made, or in place,
+    four calls each: the exact sums on every rank, identical bits; the input
+    a temporary that only the request holds, freed once the request is
+    (nothing of the caller's stays referenced); two calls of the signature
+    in flight (the second on the Python path's kit), a library I-call
+    between them, waits in reverse order, test() polling and a done-callback.
+    Then, on two ranks, counts that differ (one rank posting late, then the
+    other): MismatchError from wait() on both, and the signature's next
+    calls run in C again, on a new I-run."""
+    import gc
+    import time
+    import weakref
+
+    from mpicoll import algorithms as alg
+    from mpicoll import engine, executor, native
+    from mpicoll.errors import MismatchError
+    comm = MPI.COMM_WORLD.Dup()
+    p, r = comm.size, comm.rank
+    in_c = p > 1 and executor.enabled() and native.module() is not None
+    names = [n for n in mpicoll.algorithms("allreduce")
+             if n != "auto" and (alg.get("allreduce", n).compilable or alg.get("allreduce", n).program is not None)]
+    try:
+        for name in names:
+            for n in (1, p + 2, 37):
+                want = np.arange(n, dtype=np.float64) * p + p * (p - 1) / 2
+                y = np.empty(n)
+                for form in ("out", "new", "in place"):
+                    for i in range(4):
+                        x = np.arange(n, dtype=np.float64) + r
+                        seen = weakref.ref(x)
+                        out = {"out": y, "new": None, "in place": x}[form]
+                        req = mpicoll.iallreduce(x, out=out, algorithm=name, comm=comm)
+                        if i > 1 and in_c:  # (the first call builds the plan, the second gates it)
+                            assert type(req) is engine.NativeRequest, (name, n, form, type(req))
+                        del x, out
+                        got = req.wait()
+                        assert np.array_equal(got, want), (name, n, form, i, got)
+                        _same_everywhere(comm, got, f"{name} {form}")
+                        del req, got
+                        if form != "in place":
+                            assert seen() is None, (name, n, form, "the input outlived its request")
+                # two in flight, a library I-call between them, waited for in reverse
+                x = np.arange(n, dtype=np.float64) + r
+                called = []
+                a = mpicoll.iallreduce(x, out=y, algorithm=name, comm=comm)
+                a.add_done_callback(called.append)
+                b = mpicoll.iallreduce(x, algorithm=name, comm=comm)
+                lib = comm.Iallreduce(x, z := np.empty(n))
+                while not b.test():
+                    time.sleep(0)
+                lib.Wait()
+                got_b, got_a = b.wait(), a.wait()
+                assert called == [a] and np.array_equal(got_a, want) and np.array_equal(got_b, want), name
+                assert np.array_equal(z, want)
+        if in_c:
+            two = comm.Split(0 if r < 2 else MPI.UNDEFINED, r)
+            if two != MPI.COMM_NULL:
+                try:
+                    for late in (0, 1):
+                        for k in (4, 5):  # both signatures warm and in C
+                            for _ in range(2):
+                                got = mpicoll.iallreduce(np.ones(k), algorithm="recursive_doubling", comm=two).wait()
+                                assert np.array_equal(got, np.full(k, 2.0))
+                        two.Barrier()
+                        if r == late:
+                            time.sleep(0.05)  # the peer's message is there when this rank posts
+                        req = mpicoll.iallreduce(np.ones(4 + r), algorithm="recursive_doubling", comm=two)
+                        assert type(req) is engine.NativeRequest
+                        with pytest.raises(MismatchError, match="recursive doubling round 0"):
+                            req.wait()
+                        two.Barrier()
+                        for _ in range(2):
+                            req = mpicoll.iallreduce(np.ones(4), algorithm="recursive_doubling", comm=two)
+                            assert type(req) is engine.NativeRequest
+                            assert np.array_equal(req.wait(), np.full(4, 2.0))
+                finally:
+                    two.Free()
+        gc.collect()
+    finally:
+        comm.Free()
