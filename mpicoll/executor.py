@@ -13,7 +13,9 @@ so other threads run while it waits in MPI_Waitall. Nonblocking
 thread) calls the executor with ``blocking=0``: it runs steps until a wait
 step is incomplete (one MPI_Testall) and returns; a wait() with no other
 request in flight takes the request out of the engine's list and finishes
-it in one blocking C call, the GIL released.
+it in one blocking C call, the GIL released. Once a kept call's program is
+gated in C (point()), its I-calls are made there too, on the gated Call's
+I-run (_point_i; csrc/native.c, "a program's I-call").
 
 Scratch: a program's scratch regions come from the pool the generator
 would have used (the communicator's for blocking calls, one per request for
