@@ -131,6 +131,17 @@ def _new_state(prog):
 # 256 KiB, 9-27 / 0-8 % at 1 MiB, 20-30 / 0 % at 4 MiB.
 SHM_WAKE_MIN_BYTES = 1 << 20
 
+# From this size a compiled schedule's nonblocking and persistent runs take
+# its generator under the progress thread, woken (kept.py, persistent.py):
+# with numpy compute it overlapped far better there (1 MiB ring 84 % vs
+# 10 %, docs/results/compiled-executor.md). Below it they run here, the
+# progress thread not woken. It was 64 KiB (engine.WAKE_MIN_BYTES); at p = 2
+# the generator's I-call waited for at once took 68-424 us from 64 to
+# 512 KiB, the program's 18-152 (mpi4py's Iallreduce 21-97), and compute
+# plus communication took as long or longer with the generator's overlap
+# than without it (docs/results/native-calls.md, "64 KiB to 1 MiB").
+LONG_BYTES = 1 << 20
+
 # A program whose scratch is at most this many bytes owns it (blocking runs:
 # no pool look-up per call, which is a measurable share of a short call);
 # larger scratch comes from the communicator's pool, as the generators'
@@ -302,7 +313,7 @@ class Executable:
         which a run in flight wakes the progress thread (ProgramRequest's
         ``wake`` in started(): the C start does not wake it)."""
         nat = _native.module()
-        if nat is None or self.prog.nbytes >= (SHM_WAKE_MIN_BYTES if self.probe else engine.WAKE_MIN_BYTES):
+        if nat is None or self.prog.nbytes >= (SHM_WAKE_MIN_BYTES if self.probe else LONG_BYTES):
             return
         kit = self._blocking_kit()
         self.ikit, self.ixr = kit, nat.XRun(*self.xrun_args(kit), self._ifailed)
@@ -395,7 +406,7 @@ class Executable:
                 req._error = exc
                 return req
             return engine.Request.completed(result)
-        wake = nbytes if not self.probe or nbytes >= SHM_WAKE_MIN_BYTES else 0
+        wake = nbytes if nbytes >= (SHM_WAKE_MIN_BYTES if self.probe else LONG_BYTES) else 0
         return engine.submit(ProgramRequest(self, kit, tag, seq, result, finish, deadline, self.st, rc), wake)
 
 

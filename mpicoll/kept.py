@@ -321,13 +321,13 @@ class KeptAllreduce(_Kept):
         if st.size == 1:
             return self._plan(x, out, None).start()
         if self.datatype is None:
-            # Nonblocking: a recorded schedule on the executor only for short
-            # messages. Measured (docs/results/compiled-executor.md): from
-            # 1 MiB the generator under the progress thread overlapped numpy
-            # compute far better (ring 84 % vs 10 %), so long messages keep
-            # it. shm's program (its copies and reduction are the call) at
-            # every size it serves, while its window takes it.
-            if self.entry.program is None and x.nbytes >= engine.WAKE_MIN_BYTES:
+            # Nonblocking: a recorded schedule on the executor below
+            # executor.LONG_BYTES; from there the generator under the
+            # progress thread overlapped numpy compute far better (ring 84 %
+            # vs 10 % at 1 MiB), so long messages keep it. shm's program (its
+            # copies and reduction are the call) at every size it serves,
+            # while its window takes it.
+            if self.entry.program is None and x.nbytes >= _executor.LONG_BYTES:
                 return self._plan(x, out, None).start()
             exe = self.exe
             if exe is None:

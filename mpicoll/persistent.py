@@ -101,7 +101,7 @@ class Persistent(_Front):
         self._exe = self._kit = None
         rec = plan.recordable
         if self._mpi is None and rec is not None and plan.st.size > 1 and _executor.enabled() \
-                and (rec[0].program is not None or (rec[0].compilable and plan.nbytes < engine.WAKE_MIN_BYTES)):
+                and (rec[0].program is not None or (rec[0].compilable and plan.nbytes < _executor.LONG_BYTES)):
             # (long messages of a recorded schedule overlap better on the generator: see kept.py)
             entry, buf, red, src, knobs = rec
             prog = _program.for_entry(entry, plan.st, buf.size, buf.dtype, red, src is not None, knobs)
