@@ -607,6 +607,27 @@ typedef struct {
     int bg, bg_done, bg_rc;
 } Req;
 
+/* A program's run as an MPI request (XRun, below: a persistent request's
+ * run, or a gated program Call's I-run): the executor's arguments. */
+typedef struct {
+    PyObject_HEAD
+    xrun_fn xrun;
+    struct mpicoll_xstate *state;
+    const int64_t *steps, *lists;
+    int64_t nsteps, *info;
+    char *buf, *src, **scratch;
+    int op, dtype, tag, active, inside;
+    intptr_t handle;
+    long long seq;
+    PyObject *owner, *fail;
+    PyObject *bufs; /* an I-run's: the arrays buf and src point into, held while the run is active */
+    /* background progress, as Req's: in the C thread's list, the run
+     * finished or failed there, and the executor's status it ended with */
+    int bg, bg_done, bg_rc;
+} XRun;
+
+static PyTypeObject XRunType;
+
 /* ---- background progress of long library requests (a C thread, no GIL) ------
  *
  * The MPI library moves a nonblocking collective only inside MPI calls. A
@@ -620,10 +641,17 @@ typedef struct {
  * before anything else uses its MPI request - its Test/Wait, its
  * deallocation. It sleeps on a condition while nothing is pending, and
  * stops (``stop_background()``, engine.py's exit hook) before MPI_Finalize.
- * Needs MPI_THREAD_MULTIPLE (the engine asks before handing requests). */
+ * Needs MPI_THREAD_MULTIPLE (the engine asks before handing requests).
+ *
+ * A program's run (an XRun, ``XRun.background()``) is advanced the same
+ * way: each pass one nonblocking pass of the executor - its messages
+ * posted and tested, its reductions and copies done - without the GIL, so
+ * that it moves while the caller computes, pure Python included. The
+ * thread only records how the run ended (bg_done, bg_rc); the owner's
+ * Test/Wait takes it back and settles it (a failure's fail() is Python). */
 static pthread_mutex_t bg_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t bg_cv = PTHREAD_COND_INITIALIZER;
-static Req **bg_list;
+static PyObject **bg_list; /* Req or XRun, borrowed */
 static Py_ssize_t bg_n, bg_cap;
 static int bg_started, bg_stop;
 static pthread_t bg_thread;
@@ -659,7 +687,22 @@ static void *bg_main(void *arg) {
     while (!bg_stop) {
         int pending = 0;
         for (Py_ssize_t i = 0; i < bg_n; i++) {
-            Req *r = bg_list[i];
+            if (Py_TYPE(bg_list[i]) == &XRunType) {
+                XRun *x = (XRun *)bg_list[i];
+                if (x->bg_done)
+                    continue;
+                int rc = x->xrun(x->state, x->steps, x->nsteps, x->lists, x->buf, x->src, x->scratch, x->op,
+                                 x->dtype, x->handle, x->tag, 0, x->info);
+                bg_tests++;
+                if (rc == MPICOLL_X_PENDING)
+                    pending = 1;
+                else {
+                    x->bg_rc = rc;
+                    x->bg_done = 1;
+                }
+                continue;
+            }
+            Req *r = (Req *)bg_list[i];
             if (r->bg_done)
                 continue;
             int flag = 0, rc = MPI_Test(&r->req, &flag, MPI_STATUS_IGNORE);
@@ -688,13 +731,44 @@ static void *bg_main(void *arg) {
 /* Take ``r`` out of the thread's list (GIL held): the thread has let go of
  * its MPI request. Returns whether the thread completed it (its error code
  * in *rc). */
-static int bg_take(Req *r, int *rc) {
-    bg_lock();
+static void bg_remove(PyObject *o) { /* (bg_mu held) */
     for (Py_ssize_t i = 0; i < bg_n; i++)
-        if (bg_list[i] == r) {
+        if (bg_list[i] == o) {
             bg_list[i] = bg_list[--bg_n];
             break;
         }
+}
+
+/* Put ``o`` (its bg fields set) in the thread's list, the thread started
+ * on first use: whether it is there (not after stop_background(), or out
+ * of memory). */
+static int bg_add(PyObject *o) {
+    bg_lock();
+    int ok = !bg_stop;
+    if (ok && !bg_started) {
+        ok = pthread_create(&bg_thread, NULL, bg_main, NULL) == 0;
+        bg_started = ok;
+    }
+    if (ok && bg_n == bg_cap) {
+        Py_ssize_t cap = bg_cap ? 2 * bg_cap : 16;
+        PyObject **grown = realloc(bg_list, (size_t)cap * sizeof *grown);
+        ok = grown != NULL;
+        if (ok) {
+            bg_list = grown;
+            bg_cap = cap;
+        }
+    }
+    if (ok) {
+        bg_list[bg_n++] = o;
+        pthread_cond_signal(&bg_cv);
+    }
+    pthread_mutex_unlock(&bg_mu);
+    return ok;
+}
+
+static int bg_take(Req *r, int *rc) {
+    bg_lock();
+    bg_remove((PyObject *)r);
     int done = r->bg_done;
     *rc = r->bg_rc;
     r->bg = r->bg_done = 0;
@@ -708,6 +782,25 @@ static int bg_peek(Req *r, int *rc) {
     bg_lock();
     int done = r->bg_done;
     *rc = r->bg_rc;
+    pthread_mutex_unlock(&bg_mu);
+    return done;
+}
+
+/* The same two for a program's run: the thread ended it (its executor
+ * status in *rc), or not (taken back: PENDING, the owner runs it on). */
+static int xbg_take(XRun *x, int *rc) {
+    bg_lock();
+    bg_remove((PyObject *)x);
+    int done = x->bg_done;
+    *rc = done ? x->bg_rc : MPICOLL_X_PENDING;
+    x->bg = x->bg_done = 0;
+    pthread_mutex_unlock(&bg_mu);
+    return done;
+}
+
+static int xbg_peek(XRun *x) {
+    bg_lock();
+    int done = x->bg_done;
     pthread_mutex_unlock(&bg_mu);
     return done;
 }
@@ -814,30 +907,12 @@ static PyObject *Req_background(Req *self, PyObject *unused) {
     (void)unused;
     if (!self->active || self->persistent || self->inside || self->bg)
         return PyBool_FromLong(self->bg);
-    bg_lock();
-    int ok = !bg_stop;
-    if (ok && !bg_started) {
-        ok = pthread_create(&bg_thread, NULL, bg_main, NULL) == 0;
-        bg_started = ok;
-    }
-    if (ok && bg_n == bg_cap) {
-        Py_ssize_t cap = bg_cap ? 2 * bg_cap : 16;
-        Req **grown = realloc(bg_list, (size_t)cap * sizeof *grown);
-        ok = grown != NULL;
-        if (ok) {
-            bg_list = grown;
-            bg_cap = cap;
-        }
-    }
-    if (ok) {
-        self->bg = 1;
-        self->bg_done = 0;
-        self->bg_rc = MPI_SUCCESS;
-        bg_list[bg_n++] = self;
-        pthread_cond_signal(&bg_cv);
-    }
-    pthread_mutex_unlock(&bg_mu);
-    return PyBool_FromLong(ok);
+    self->bg_done = 0;
+    self->bg_rc = MPI_SUCCESS;
+    self->bg = 1; /* (before it is listed: the thread reads the fields from then on) */
+    if (!bg_add((PyObject *)self))
+        self->bg = 0;
+    return PyBool_FromLong(self->bg);
 }
 
 static PyObject *Req_Start(Req *self, PyObject *unused) {
@@ -1763,7 +1838,7 @@ static int takes(PyObject *oo, PyArrayObject *x, int nd, npy_intp *dims) {
 /* A program's I-call (below, after XRun) */
 static int iprogram_free(Call *self);
 static int iprogram_pass(PyObject *ixr, PyObject *xo, PyObject *out, char *buf, char *src, int tag, long long seq);
-static PyObject *iprogram_request(PyObject *ixr, int rc, PyObject *out, PyObject *st);
+static PyObject *iprogram_request(PyObject *ixr, int rc, PyObject *out, PyObject *st, Py_ssize_t nbytes);
 
 static PyObject *kept_run(Call *self, PyObject *xo, PyObject *oo, int form) {
     if (self->st == NULL) {
@@ -2010,7 +2085,7 @@ static PyObject *kept_run(Call *self, PyObject *xo, PyObject *oo, int form) {
     PyErr_Restore(exc_type, exc_value, exc_tb);
     if (ixr != NULL) { /* a program's I-call: its request (a pass's error is recorded on it) */
         Py_XDECREF(seq);
-        PyObject *res = iprogram_request(ixr, irc, (PyObject *)out, self->st);
+        PyObject *res = iprogram_request(ixr, irc, (PyObject *)out, self->st, PyArray_NBYTES(x));
         Py_DECREF(ixr);
         Py_DECREF(out);
         return res;
@@ -2130,19 +2205,6 @@ static PyTypeObject CallType = {
  * run is over: ``fail(rc, tag, seq)`` (the request's Python) abandons the
  * kit to the library, turns this path off and returns the exception, which
  * Test()/Wait() raise. */
-typedef struct {
-    PyObject_HEAD
-    xrun_fn xrun;
-    struct mpicoll_xstate *state;
-    const int64_t *steps, *lists;
-    int64_t nsteps, *info;
-    char *buf, *src, **scratch;
-    int op, dtype, tag, active, inside;
-    intptr_t handle;
-    long long seq;
-    PyObject *owner, *fail;
-    PyObject *bufs; /* an I-run's: the arrays buf and src point into, held while the run is active */
-} XRun;
 
 static int XRun_traverse(XRun *self, visitproc visit, void *arg) {
     Py_VISIT(self->owner);
@@ -2162,6 +2224,9 @@ static int XRun_clear(XRun *self) {
 
 static void XRun_dealloc(XRun *self) {
     PyObject_GC_UnTrack(self);
+    int bgrc;
+    if (self->bg && xbg_take(self, &bgrc) && bgrc == MPICOLL_X_DONE)
+        self->active = 0; /* (finished by the C thread) */
     if (self->active) { /* (leaked on purpose: the library may still write into it) */
         Py_XINCREF(self->owner);
         Py_XINCREF(self->bufs);
@@ -2228,6 +2293,8 @@ static PyObject *XRun_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
 
 /* One pass (blocking: the whole rest, the GIL released): the executor's
  * status, or -1 with the run's error raised (fail() made it). */
+static int xrun_settle(XRun *x, int rc);
+
 static int xrun_pass(XRun *x, int blocking) {
     int rc;
     if (blocking) {
@@ -2238,6 +2305,13 @@ static int xrun_pass(XRun *x, int blocking) {
     } else
         rc = x->xrun(x->state, x->steps, x->nsteps, x->lists, x->buf, x->src, x->scratch, x->op, x->dtype,
                      x->handle, x->tag, 0, x->info);
+    return xrun_settle(x, rc);
+}
+
+/* After a pass (here or the C thread's) that ended with ``rc``: DONE or
+ * PENDING as they are, the run's end noted; else the run's error raised
+ * (fail() made it) and -1. */
+static int xrun_settle(XRun *x, int rc) {
     if (rc == MPICOLL_X_DONE || rc == MPICOLL_X_PENDING) {
         if (rc == MPICOLL_X_DONE) {
             x->active = 0;
@@ -2274,7 +2348,14 @@ static PyObject *XRun_Test(XRun *self, PyObject *unused) {
         Py_RETURN_TRUE;
     if (self->inside) /* another thread is in Wait(): it completes it */
         Py_RETURN_FALSE;
-    int rc = xrun_pass(self, 0);
+    int rc;
+    if (self->bg) { /* the C thread runs it: done there, or left to it */
+        if (!xbg_peek(self))
+            Py_RETURN_FALSE;
+        xbg_take(self, &rc);
+        rc = xrun_settle(self, rc);
+    } else
+        rc = xrun_pass(self, 0);
     if (rc < 0)
         return NULL;
     return PyBool_FromLong(rc == MPICOLL_X_DONE);
@@ -2288,14 +2369,61 @@ static PyObject *XRun_Wait(XRun *self, PyObject *unused) {
         PyErr_SetString(PyExc_RuntimeError, "mpicoll native: a program's run waited for by two threads at once");
         return NULL;
     }
+    int rc;
+    if (self->bg && xbg_take(self, &rc)) { /* ended by the C thread */
+        if (xrun_settle(self, rc) < 0)
+            return NULL;
+        Py_RETURN_TRUE;
+    }
     if (xrun_pass(self, 1) < 0)
         return NULL;
     Py_RETURN_TRUE;
 }
 
+/* posted(tag, seq): the run a nonblocking pass made elsewhere began on
+ * this XRun's kit (executor.Executable.started) is this XRun's, in flight:
+ * its Test/Wait/background() go on from where that pass stopped. */
+static PyObject *XRun_posted(XRun *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "mpicoll native: posted(tag, seq)");
+        return NULL;
+    }
+    long tag = PyLong_AsLong(args[0]);
+    long long seq = PyLong_AsLongLong(args[1]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (self->active || self->buf == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "mpicoll native: posted() of an XRun in flight or without buffers");
+        return NULL;
+    }
+    self->tag = (int)tag;
+    self->seq = seq;
+    self->active = 1;
+    Py_RETURN_NONE;
+}
+
+/* background() -> bool: hand the run in flight to the C thread, which
+ * runs nonblocking passes until it ends; False (nothing done) for a run
+ * not active, waited for, or after stop_background(). */
+static PyObject *XRun_background(XRun *self, PyObject *unused) {
+    (void)unused;
+    if (!self->active || self->inside || self->bg)
+        return PyBool_FromLong(self->bg);
+    self->bg_done = 0;
+    self->bg_rc = MPICOLL_X_PENDING;
+    self->bg = 1;
+    if (!bg_add((PyObject *)self))
+        self->bg = 0;
+    return PyBool_FromLong(self->bg);
+}
+
 static PyMethodDef XRun_methods[] = {
     {"Test", (PyCFunction)XRun_Test, METH_NOARGS, "Test() -> bool: one nonblocking pass of the executor."},
     {"Wait", (PyCFunction)XRun_Wait, METH_NOARGS, "Wait(): the rest of the run, the GIL released."},
+    {"posted", (PyCFunction)(void (*)(void))XRun_posted, METH_FASTCALL,
+     "posted(tag, seq): the run a pass made elsewhere began on this kit, in flight here from now on."},
+    {"background", (PyCFunction)XRun_background, METH_NOARGS,
+     "background() -> bool: the run handed to the C progress thread (False: it was not)."},
     {NULL, NULL, 0, NULL}};
 
 static PyMemberDef XRun_members[] = {
@@ -2303,6 +2431,9 @@ static PyMemberDef XRun_members[] = {
     {"tag", T_INT, offsetof(XRun, tag), READONLY, "the current run's tag"},
     {"seq", T_LONGLONG, offsetof(XRun, seq), READONLY, "the current run's call number"},
     {"bufs", T_OBJECT, offsetof(XRun, bufs), READONLY, "an I-run's arrays while it runs (x, out), or None"},
+    {"bg", T_INT, offsetof(XRun, bg), READONLY, "handed to the C progress thread and not taken back"},
+    {"bg_done", T_INT, offsetof(XRun, bg_done), READONLY,
+     "the C thread ended the run (a snapshot read without its mutex: for tests)"},
     {NULL, 0, 0, 0, NULL}};
 
 static PyTypeObject XRunType = {
@@ -2912,11 +3043,16 @@ static int iprogram_pass(PyObject *ixr, PyObject *xo, PyObject *out, char *buf, 
     return xrun_pass(x, 0);
 }
 
-/* The request of an I-call whose first pass ended with ``rc``: pending, the
- * engine's NativeRequest over the run, listed, the state ``st`` held;
- * otherwise a completed one, the pass's error (set: rc -1) recorded on it.
- * NULL with an error of ours. */
-static PyObject *iprogram_request(PyObject *ixr, int rc, PyObject *out, PyObject *st) {
+/* The request of an I-call of ``nbytes`` whose first pass ended with
+ * ``rc``: pending, the engine's NativeRequest over the run, listed, the
+ * state ``st`` held - or, from the engine's list_min, the pair (out, run)
+ * for engine.start_native (api.started_long), which hands a long run to
+ * the C thread (XRun.background) or lists it, woken; otherwise a
+ * completed one, the pass's error (set: rc -1) recorded on it. NULL with
+ * an error of ours. */
+static PyObject *iprogram_request(PyObject *ixr, int rc, PyObject *out, PyObject *st, Py_ssize_t nbytes) {
+    if (rc == MPICOLL_X_PENDING && nbytes >= E_list_min)
+        return PyTuple_Pack(2, out, ixr); /* (the run holds its arrays: x->bufs) */
     if (rc == MPICOLL_X_PENDING) {
         /* (on an error below the run stays active: the XRun keeps what it points into) */
         RCore *r = (RCore *)new_request(ixr, out, NULL, st);

@@ -857,6 +857,11 @@ NATIVE_LIST_MIN_BYTES = 4 << 20
 # more (0-20 % -> 29-49 %).
 NATIVE_BG_MIN_BYTES = 1 << 20
 _native_req = _native_mod.Req if _native_mod is not None else None
+# A program's run in flight (csrc/native.c's XRun: a gated program Call's
+# I-run, long): the C thread runs its passes from NATIVE_BG_MIN_BYTES at
+# every size (it needs the executor's passes, not only the library's
+# tests, so nothing else would move it while the caller computes).
+_native_xrun = _native_mod.XRun if _native_mod is not None else None
 
 
 def start_native(mpi_req, result=None, finish=None, nbytes: int = WAKE_MIN_BYTES, st=None, deadline=None,
@@ -866,15 +871,17 @@ def start_native(mpi_req, result=None, finish=None, nbytes: int = WAKE_MIN_BYTES
     ``keep`` (what holds its buffers) is held until then. Listed at once
     with a deadline, or when it is long (see NativeRequest)."""
     req = NativeRequest(mpi_req, result, finish, deadline, st, expired, keep)
+    xrun = type(mpi_req) is _native_xrun
     if (deadline is None and NATIVE_BG_MIN_BYTES <= nbytes < NATIVE_LIST_MIN_BYTES
-            and type(mpi_req) is _native_req and _engine.use_thread() and mpi_req.background()):
+            and (xrun or type(mpi_req) is _native_req) and _engine.use_thread() and mpi_req.background()):
         # csrc/native.c's own thread tests it while the caller computes,
         # without the GIL (see NATIVE_BG_MIN_BYTES); wait() finds it
         # complete, or waits for the rest in MPI_Wait.
         if st is not None:
             st.hold()
         return req
-    if deadline is not None or nbytes >= NATIVE_LIST_MIN_BYTES:
+    if deadline is not None or nbytes >= NATIVE_LIST_MIN_BYTES or xrun:
+        # (a program's run is always listed: only the executor's passes move it)
         # A long one is listed too: the library advances a collective only
         # inside MPI calls, so left alone it waited for wait() and overlapped
         # nothing (`make bench-overlap`, algorithm mpi: 0 % at 1-16 MiB);

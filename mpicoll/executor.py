@@ -131,16 +131,25 @@ def _new_state(prog):
 # 256 KiB, 9-27 / 0-8 % at 1 MiB, 20-30 / 0 % at 4 MiB.
 SHM_WAKE_MIN_BYTES = 1 << 20
 
-# From this size a compiled schedule's nonblocking and persistent runs take
-# its generator under the progress thread, woken (kept.py, persistent.py):
-# with numpy compute it overlapped far better there (1 MiB ring 84 % vs
-# 10 %, docs/results/compiled-executor.md). Below it they run here, the
-# progress thread not woken. It was 64 KiB (engine.WAKE_MIN_BYTES); at p = 2
-# the generator's I-call waited for at once took 68-424 us from 64 to
-# 512 KiB, the program's 18-152 (mpi4py's Iallreduce 21-97), and compute
-# plus communication took as long or longer with the generator's overlap
-# than without it (docs/results/native-calls.md, "64 KiB to 1 MiB").
+# From this size a compiled schedule's persistent runs take its generator
+# under the progress thread, woken (persistent.py): with numpy compute it
+# overlapped far better there (1 MiB ring 84 % vs 10 %, when the program's
+# pending run was only listed: docs/results/compiled-executor.md). Below it
+# they run here. It was 64 KiB (engine.WAKE_MIN_BYTES); at p = 2 the
+# generator's I-call waited for at once took 68-424 us from 64 to 512 KiB,
+# the program's 18-152 (mpi4py's Iallreduce 21-97), and compute plus
+# communication took as long or longer with the generator's overlap than
+# without it (docs/results/native-calls.md, "64 KiB to 1 MiB").
 LONG_BYTES = 1 << 20
+
+# The same for I-calls (kept.py), whose pending runs of 1-4 MiB go to the C
+# progress thread (started(): _in_c; engine.start_native), as the library's
+# own I-calls of that size do: measured against the generator at 1 and
+# 2 MiB, p = 2 (docs/results/native-calls.md, "1-4 MiB on the C thread"),
+# waited for at once 1.3-3x faster, with pure-Python compute 1.4-2.9x
+# faster end to end, with numpy compute within -30..+40 %. From 4 MiB the
+# generator (numpy compute overlapped 64-95 % there).
+I_LONG_BYTES = engine.NATIVE_LIST_MIN_BYTES
 
 # A program whose scratch is at most this many bytes owns it (blocking runs:
 # no pool look-up per call, which is a measurable share of a short call);
@@ -309,11 +318,11 @@ class Executable:
     def _point_i(self, call) -> None:
         """Give ``call`` an I-run: an XRun over a kit of its own, on which its
         start_kept runs this program's I-calls whole in C, one at a time
-        (csrc/native.c, "a program's I-call"). Only below the sizes from
-        which a run in flight wakes the progress thread (ProgramRequest's
-        ``wake`` in started(): the C start does not wake it)."""
+        (csrc/native.c, "a program's I-call"); a run left pending of 1 MiB
+        or more goes to engine.start_native (the C progress thread, or from
+        4 MiB the engine's list, the progress thread woken)."""
         nat = _native.module()
-        if nat is None or self.prog.nbytes >= (SHM_WAKE_MIN_BYTES if self.probe else LONG_BYTES):
+        if nat is None:
             return
         kit = self._blocking_kit()
         self.ikit, self.ixr = kit, nat.XRun(*self.xrun_args(kit), self._ifailed)
@@ -406,8 +415,30 @@ class Executable:
                 req._error = exc
                 return req
             return engine.Request.completed(result)
-        wake = nbytes if nbytes >= (SHM_WAKE_MIN_BYTES if self.probe else LONG_BYTES) else 0
+        nat = _native.module()
+        if rc == PENDING and deadline is None and nbytes >= engine.NATIVE_BG_MIN_BYTES and nat is not None:
+            return self._in_c(nat, kit, tag, seq, result, finish, nbytes)
+        wake = nbytes if nbytes >= (SHM_WAKE_MIN_BYTES if self.probe else I_LONG_BYTES) else 0
         return engine.submit(ProgramRequest(self, kit, tag, seq, result, finish, deadline, self.st, rc), wake)
+
+    def _in_c(self, nat, kit, tag, seq, result, finish, nbytes):
+        """A long run that post() left pending, as an XRun over its kit
+        (csrc/native.c) for engine.start_native: the C progress thread runs
+        its passes without the GIL while the caller computes (or, without
+        that thread, the engine's list). ``finish`` after the kit's
+        release; a failed run's kit stays with the library."""
+        def failed(rc, tag, seq):
+            kit.dead = True
+            engine._abandoned.append(kit)
+            return self.error(rc, kit.info, tag, seq)
+
+        def done():
+            kit.release()
+            if finish is not None:
+                finish()
+        xr = nat.XRun(*self.xrun_args(kit), failed)
+        xr.posted(tag, seq)
+        return engine.start_native(xr, result, done, nbytes, self.st, keep=kit)
 
 
 class ProgramRequest(engine.Request):

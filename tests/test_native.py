@@ -1192,3 +1192,82 @@ def test_long_native_requests_progress_on_the_c_thread(comm):
     assert handed >= 6 and native.module().background_stats()[0] > tests0
     assert native.module().background_stats()[1] == 0
     comm.Barrier()
+
+
+def test_long_program_runs_progress_on_the_c_thread(comm):
+    """A program's I-call of NATIVE_BG_MIN_BYTES or more left pending is an
+    XRun handed to the C progress thread (executor.started's _in_c for a
+    compiled schedule on the communicator's pool, the gated Call's I-run
+    for shm): not in the engine's list, the state held, and the thread
+    finishes the run while the caller only sleeps and spins in Python (no
+    MPI call, no test()); then wait(), test() or a done-callback gives the
+    exact sum. On two ranks, counts that differ by one element: the error
+    the thread met is raised by wait() on both, and the next calls work
+    (not under Open MPI: see below)."""
+    import time
+
+    from mpicoll import engine, executor
+    from mpicoll.errors import MismatchError
+    if comm.size == 1 or not engine._engine.use_thread() or not executor.enabled():
+        pytest.skip("one rank, no MPI_THREAD_MULTIPLE / progress thread, or no executor")
+    p, r = comm.size, comm.rank
+    xrun = native.module().XRun
+    n = engine.NATIVE_BG_MIN_BYTES // 8 + 3
+    want = np.arange(n, dtype=np.float64) * p + p * (p - 1) / 2
+    st = state(comm)
+    handed = 0
+    for name in ("recursive_doubling", "ring", "shm"):
+        for how in ("wait", "test", "callback"):
+            for i in range(3):
+                x = np.arange(n, dtype=np.float64) + r
+                held = st.pending
+                if r == 0:
+                    time.sleep(0.005)  # (late: the others' first pass cannot finish the run)
+                req = mpicoll.iallreduce(x, algorithm=name, comm=comm)
+                run = getattr(req, "_mpi", None)  # (a plan's first call: the engine's Request)
+                ours = type(run) is xrun and run.bg
+                if ours:
+                    handed += 1
+                    assert not req._listed and st.pending == held + 1, (name, how, i)
+                    deadline = time.monotonic() + 60
+                    while not run.bg_done and time.monotonic() < deadline:
+                        sum(range(1000))  # pure-Python "compute": only the C thread moves the run
+                    assert run.bg_done, (name, how, i, "the C thread did not finish the run")
+                seen = []
+                if how == "callback":
+                    req.add_done_callback(lambda q: seen.append(np.array(q.result)))
+                if how == "test":
+                    while not req.test():
+                        pass
+                    got = req.result
+                else:
+                    got = req.wait()
+                assert np.array_equal(got, want), (name, how, i)
+                assert st.pending == held and not (ours and run.bg)
+                if how == "callback":
+                    assert len(seen) == 1 and np.array_equal(seen[0], want)
+                comm.Barrier()
+    # (a signature's first call is the Python path's; from the second,
+    # recursive doubling and ring on their kit, shm on its I-run: on the
+    # ranks that were not late, every one of those was left pending)
+    handed = comm.allgather(handed)
+    assert all(h >= 3 * 8 for h in handed[1:]), handed
+    assert native.module().background_stats()[1] == 0
+    # Counts that differ, where the library keeps a truncated message inside
+    # the receive buffer: Open MPI 5.0 writes all of it, past the buffer's
+    # end, from a few KiB (docs/reliability.md, tools/truncation_check.py).
+    from mpicoll.mpitypes import _is_open_mpi
+    two = comm.Split(0 if r < 2 and not _is_open_mpi() else MPI.UNDEFINED, r)
+    if two != MPI.COMM_NULL:
+        try:
+            for _ in range(2):
+                x = np.ones(n + r)
+                req = mpicoll.iallreduce(x, algorithm="recursive_doubling", comm=two)
+                with pytest.raises(MismatchError, match="recursive doubling round 0"):
+                    req.wait()
+                two.Barrier()
+                assert np.array_equal(mpicoll.iallreduce(np.ones(n), algorithm="recursive_doubling",
+                                                         comm=two).wait(), np.full(n, 2.0))
+        finally:
+            two.Free()
+    comm.Barrier()

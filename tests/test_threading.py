@@ -307,7 +307,7 @@ def test_callbacks_have_run_when_wait_returns(thread_on):
             time.sleep(0.2)
             ran.append(r)
 
-        req = mpicoll.iallreduce(np.ones(1 << 18, np.float32), algorithm="ring")  # 1 MiB: wakes the thread
+        req = mpicoll.iallreduce(np.ones(1 << 20, np.float32), algorithm="ring")  # 4 MiB: wakes the thread
         req.add_done_callback(slow)
         deadline = time.monotonic() + 60
         while not req._finished and time.monotonic() < deadline:
@@ -333,7 +333,7 @@ def test_switch_interval_restored_to_the_one_in_force(when):
         if when == "idle":
             sys.setswitchinterval(0.0123)
         for _ in range(3):
-            req = mpicoll.iallreduce(np.ones(1 << 18, np.float32), algorithm="ring")  # 1 MiB: wakes the thread
+            req = mpicoll.iallreduce(np.ones(1 << 20, np.float32), algorithm="ring")  # 4 MiB: wakes the thread
             if when == "in flight":
                 with engine._engine.lock:
                     lowered = engine._engine.saved_interval is not None

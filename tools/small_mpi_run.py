@@ -68,6 +68,15 @@ for dtype in ("float32", "float16", "int32"):
             assert pr().tobytes() == y.tobytes(), dtype
             assert mpicoll.iallreduce(x, comm=comm, algorithm="shm").wait().tobytes() == y.tobytes(), dtype
         pr.free()
+# A program's I-call of 1 MiB or more left pending: its passes on the C
+# progress thread (a compiled schedule's kit; shm's on the gated Call's I-run).
+big = (np.arange(300000) % 5 + rank).astype(np.float32)
+want = mpicoll.allreduce(big, comm=comm, algorithm="mpi")
+for algorithm in ("ring", "recursive_doubling", "shm"):
+    for _ in range(3):
+        if rank == 0:
+            time.sleep(0.01)  # (the others' first pass cannot finish the run)
+        assert mpicoll.iallreduce(big, comm=comm, algorithm=algorithm).wait().tobytes() == want.tobytes()
 for n in (0, 7, 20000):
     x = (np.arange(n) % 3 + rank).astype(np.float32)
     got = mpicoll.iallreduce(x, comm=comm).wait()
