@@ -877,6 +877,12 @@ def start_native(mpi_req, result=None, finish=None, nbytes: int = WAKE_MIN_BYTES
         # csrc/native.c's own thread tests it while the caller computes,
         # without the GIL (see NATIVE_BG_MIN_BYTES); wait() finds it
         # complete, or waits for the rest in MPI_Wait.
+        if xrun:
+            # Listed as well, not woken: the engine holds a program's run
+            # until it has ended, so that one whose request was dropped
+            # still ends (nothing else would move the peers' run).
+            req._listed = True
+            return _engine.start(req, wake=False)
         if st is not None:
             st.hold()
         return req
