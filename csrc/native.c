@@ -1661,7 +1661,8 @@ static int wait_alone(RCore *req) {
         alone = 1;
         req->blocking = 1;
     } else if (req->listed && !req->finished && !req->blocking && PyList_GET_SIZE(active) == 1
-               && PyList_GET_ITEM(active, 0) == (PyObject *)req && (req->deadline == NULL || req->deadline == Py_None)) {
+               && PyList_GET_ITEM(active, 0) == (PyObject *)req
+               && (req->deadline == NULL || req->deadline == Py_None)) {
         /* listed (a program's run, a long I-call) and the only one: taken
          * back, as wait_native does (the progress thread tests under the lock) */
         if (PyList_SetSlice(active, 0, 1, NULL) < 0)
