@@ -1143,6 +1143,21 @@ def test_persistent_program_runs_are_driven_by_other_waits(comm):
     comm.Barrier()
 
 
+def _end_by(req, how, meanwhile):
+    """End ``req`` as ``how`` says - "wait", polling "test", or wait() after
+    a done-"callback" - once ``meanwhile()`` has run: (its result, what the
+    callback saw)."""
+    seen = []
+    if how == "callback":
+        req.add_done_callback(lambda q: seen.append(np.array(q.result)))
+    meanwhile()
+    if how == "test":
+        while not req.test():
+            pass
+        return req.result, seen
+    return req.wait(), seen
+
+
 def test_long_native_requests_progress_on_the_c_thread(comm):
     """A library I-call of NATIVE_BG_MIN_BYTES or more is handed to
     csrc/native.c's C progress thread (Req.background): it is not in the
@@ -1169,16 +1184,7 @@ def test_long_native_requests_progress_on_the_c_thread(comm):
             ours = type(req._mpi) is native.module().Req
             assert ours or i == 0, (how, i)
             assert not ours or (req._mpi.background() and not req._listed and st.pending == held + 1), (how, i)
-            seen = []
-            if how == "callback":
-                req.add_done_callback(lambda q: seen.append(np.array(q.result)))
-            time.sleep(0.02)  # "compute": the C thread tests meanwhile
-            if how == "test":
-                while not req.test():
-                    pass
-                got = req.result
-            else:
-                got = req.wait()
+            got, seen = _end_by(req, how, lambda: time.sleep(0.02))  # "compute": the C thread tests meanwhile
             assert np.array_equal(got, want), (how, i)
             if ours:
                 handed += 1
@@ -1230,19 +1236,16 @@ def test_long_program_runs_progress_on_the_c_thread(comm):
                 if ours:
                     handed += 1
                     assert req._listed and st.pending == held + 1, (name, how, i)  # (the engine holds it)
+
+                def spin():  # pure-Python "compute": only the C thread moves the run
+                    # (ended: bg_done, or settled already by the engine's
+                    # thread, woken by the callback - it never runs a pass
+                    # of a handed run itself, XRun_Test)
                     deadline = time.monotonic() + 60
-                    while not run.bg_done and time.monotonic() < deadline:
-                        sum(range(1000))  # pure-Python "compute": only the C thread moves the run
-                    assert run.bg_done, (name, how, i, "the C thread did not finish the run")
-                seen = []
-                if how == "callback":
-                    req.add_done_callback(lambda q: seen.append(np.array(q.result)))
-                if how == "test":
-                    while not req.test():
-                        pass
-                    got = req.result
-                else:
-                    got = req.wait()
+                    while ours and run.active and not run.bg_done and time.monotonic() < deadline:
+                        sum(range(1000))
+                    assert not ours or not run.active or run.bg_done, (name, how, i, "the C thread did not end it")
+                got, seen = _end_by(req, how, spin)
                 assert np.array_equal(got, want), (name, how, i)
                 assert st.pending == held and not (ours and run.bg)
                 if how == "callback":
