@@ -2343,6 +2343,16 @@ static int xrun_settle(XRun *x, int rc) {
     return -1;
 }
 
+/* The rest of a run, blocking (its owner's wait): a run the C thread ended
+ * is settled, one it has not is taken back and finished here. 0, or -1
+ * with the run's error raised. */
+static int xrun_finish(XRun *x) {
+    int rc;
+    if (x->bg && xbg_take(x, &rc))
+        return xrun_settle(x, rc) < 0 ? -1 : 0;
+    return xrun_pass(x, 1) < 0 ? -1 : 0;
+}
+
 static PyObject *XRun_Test(XRun *self, PyObject *unused) {
     (void)unused;
     if (!self->active)
@@ -2370,13 +2380,7 @@ static PyObject *XRun_Wait(XRun *self, PyObject *unused) {
         PyErr_SetString(PyExc_RuntimeError, "mpicoll native: a program's run waited for by two threads at once");
         return NULL;
     }
-    int rc;
-    if (self->bg && xbg_take(self, &rc)) { /* ended by the C thread */
-        if (xrun_settle(self, rc) < 0)
-            return NULL;
-        Py_RETURN_TRUE;
-    }
-    if (xrun_pass(self, 1) < 0)
+    if (xrun_finish(self) < 0)
         return NULL;
     Py_RETURN_TRUE;
 }
@@ -2490,6 +2494,7 @@ typedef struct {
      * stands as (_req); the communicator's tag span */
     PyObject *xr, *xfinish, *ran;
     long long tag_span;
+    int xbg; /* _program's bg: a pending run of xr goes to the C progress thread */
 } Persist;
 
 static PyObject *s__start, *s__wait;
@@ -2652,17 +2657,23 @@ static int persist_leave(Persist *self) {
     return 0;
 }
 
-/* _program(xr, finish, ran): run a compiled schedule's starts and waits
- * here (after _front): ``xr`` the XRun over the request's kit, ``finish``
- * the plan's finish (None or a callable; ``post`` holds it as steps),
- * ``ran`` the completed request a run that finished at its start stands
- * as. _program(None, None, None) turns it off (a failed run: the next
- * start, in Python, makes a new kit and binds it again). */
+/* _program(xr, finish, ran[, bg]): run a compiled schedule's starts and
+ * waits here (after _front): ``xr`` the XRun over the request's kit,
+ * ``finish`` the plan's finish (None or a callable; ``post`` holds it as
+ * steps), ``ran`` the completed request a run that finished at its start
+ * stands as; ``bg``: a run its start leaves pending goes to the C progress
+ * thread too (engine.start_native's rule for 1-4 MiB, decided by
+ * persistent.py). _program(None, None, None) turns it off (a failed run:
+ * the next start, in Python, makes a new kit and binds it again). */
 static PyObject *Persist_program(Persist *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3 || (args[0] != Py_None && Py_TYPE(args[0]) != &XRunType)) {
-        PyErr_SetString(PyExc_TypeError, "mpicoll native: _program(xr, finish, ran), xr an XRun or None");
+    if ((nargs != 3 && nargs != 4) || (args[0] != Py_None && Py_TYPE(args[0]) != &XRunType)) {
+        PyErr_SetString(PyExc_TypeError, "mpicoll native: _program(xr, finish, ran[, bg]), xr an XRun or None");
         return NULL;
     }
+    int bg = nargs == 4 ? PyObject_IsTrue(args[3]) : 0;
+    if (bg < 0)
+        return NULL;
+    self->xbg = bg;
     if (args[0] == Py_None) {
         Py_CLEAR(self->xr);
         Py_CLEAR(self->xfinish);
@@ -2786,8 +2797,15 @@ static PyObject *persist_xstart(Persist *self, XRun *x) {
             Py_XDECREF(e);
             Py_XDECREF(tb);
         }
-    } else if (rc == MPICOLL_X_PENDING)
+    } else if (rc == MPICOLL_X_PENDING) {
         req = xlisted(self, x);
+        if (req != NULL && self->xbg) { /* (not handed: it stays listed only) */
+            PyObject *b = XRun_background(x, NULL);
+            Py_XDECREF(b);
+            if (b == NULL)
+                PyErr_Clear();
+        }
+    }
     else
         req = PyObject_CallMethod((PyObject *)self, "_xstarted", "iiL", rc, x->tag, x->seq);
     if (req == NULL)
@@ -2840,7 +2858,7 @@ static PyObject *persist_xwait(Persist *self, XRun *x) {
         return PyObject_CallMethodNoArgs((PyObject *)self, s__wait);
     Py_INCREF(req);
     int done;
-    if (xrun_pass(x, 1) < 0)
+    if (xrun_finish(x) < 0)
         done = failed_alone(r);
     else {
         /* NativeRequest._end: the finish, its error recorded on the request */

@@ -131,25 +131,20 @@ def _new_state(prog):
 # 256 KiB, 9-27 / 0-8 % at 1 MiB, 20-30 / 0 % at 4 MiB.
 SHM_WAKE_MIN_BYTES = 1 << 20
 
-# From this size a compiled schedule's persistent runs take its generator
-# under the progress thread, woken (persistent.py): with numpy compute it
-# overlapped far better there (1 MiB ring 84 % vs 10 %, when the program's
-# pending run was only listed: docs/results/compiled-executor.md). Below it
-# they run here. It was 64 KiB (engine.WAKE_MIN_BYTES); at p = 2 the
-# generator's I-call waited for at once took 68-424 us from 64 to 512 KiB,
-# the program's 18-152 (mpi4py's Iallreduce 21-97), and compute plus
-# communication took as long or longer with the generator's overlap than
-# without it (docs/results/native-calls.md, "64 KiB to 1 MiB").
-LONG_BYTES = 1 << 20
-
-# The same for I-calls (kept.py), whose pending runs of 1-4 MiB go to the C
-# progress thread (started(): _in_c; engine.start_native), as the library's
-# own I-calls of that size do: measured against the generator at 1 and
-# 2 MiB, p = 2 (docs/results/native-calls.md, "1-4 MiB on the C thread"),
-# waited for at once 1.3-3x faster, with pure-Python compute 1.4-2.9x
-# faster end to end, with numpy compute within -30..+40 %. From 4 MiB the
-# generator (numpy compute overlapped 64-95 % there).
-I_LONG_BYTES = engine.NATIVE_LIST_MIN_BYTES
+# From this size a compiled schedule's nonblocking and persistent runs take
+# its generator under the progress thread, woken (kept.py, persistent.py):
+# with numpy compute it overlapped far better there (4 MiB: 64-95 %; the
+# program's pending run only listed: 10 % at 1 MiB, docs/results/
+# compiled-executor.md). Below it they run here; a pending run of 1-4 MiB
+# on the C progress thread (started(): _in_c; engine.start_native; the
+# persistent C front's bg), as the library's own I-calls of that size.
+# It was 64 KiB (engine.WAKE_MIN_BYTES). Measured at p = 2
+# (docs/results/native-calls.md, "64 KiB to 1 MiB", "1-4 MiB"): waited for
+# at once, the generator's I-call took 68-424 us from 64 to 512 KiB, the
+# program's 18-152 (mpi4py's Iallreduce 21-97); at 1-2 MiB the C thread's
+# 1.3-3x faster than the generator's, with pure-Python compute 1.4-3x
+# faster end to end, with numpy compute 0.8-1.6x.
+LONG_BYTES = engine.NATIVE_LIST_MIN_BYTES
 
 # A program whose scratch is at most this many bytes owns it (blocking runs:
 # no pool look-up per call, which is a measurable share of a short call);
@@ -418,7 +413,7 @@ class Executable:
         nat = _native.module()
         if rc == PENDING and deadline is None and nbytes >= engine.NATIVE_BG_MIN_BYTES and nat is not None:
             return self._in_c(nat, kit, tag, seq, result, finish, nbytes)
-        wake = nbytes if nbytes >= (SHM_WAKE_MIN_BYTES if self.probe else I_LONG_BYTES) else 0
+        wake = nbytes if nbytes >= (SHM_WAKE_MIN_BYTES if self.probe else LONG_BYTES) else 0
         return engine.submit(ProgramRequest(self, kit, tag, seq, result, finish, deadline, self.st, rc), wake)
 
     def _in_c(self, nat, kit, tag, seq, result, finish, nbytes):

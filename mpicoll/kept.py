@@ -322,12 +322,12 @@ class KeptAllreduce(_Kept):
             return self._plan(x, out, None).start()
         if self.datatype is None:
             # Nonblocking: a recorded schedule on the executor below
-            # executor.I_LONG_BYTES (from 1 MiB its pending run on the C
+            # executor.LONG_BYTES (from 1 MiB its pending run on the C
             # progress thread); from there the generator under the
             # progress thread, which overlapped numpy compute better. shm's
             # program (its copies and reduction are the call) at every size
             # it serves, while its window takes it.
-            if self.entry.program is None and x.nbytes >= _executor.I_LONG_BYTES:
+            if self.entry.program is None and x.nbytes >= _executor.LONG_BYTES:
                 return self._plan(x, out, None).start()
             exe = self.exe
             if exe is None:

@@ -119,7 +119,9 @@ class Persistent(_Front):
             return
         self._front(plan.st, engine, plan.result, steps(plan.stage, plan.prologue), steps(plan.finish))
         xr = _nat.XRun(*self._exe.xrun_args(self._kit), self._xfailed)
-        self._program(xr, plan.finish, _RAN)
+        # (a run left pending of 1-4 MiB: the C progress thread too, as an I-call's)
+        bg = engine.NATIVE_BG_MIN_BYTES <= plan.nbytes < engine.NATIVE_LIST_MIN_BYTES and engine._engine.use_thread()
+        self._program(xr, plan.finish, _RAN, bg)
 
     def _xfailed(self, rc, tag, seq) -> BaseException:
         """The C front's run ended with executor error ``rc`` (XRun calls

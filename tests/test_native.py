@@ -1207,8 +1207,9 @@ def test_long_program_runs_progress_on_the_c_thread(comm):
     for shm): not in the engine's list, the state held, and the thread
     finishes the run while the caller only sleeps and spins in Python (no
     MPI call, no test()); then wait(), test() or a done-callback gives the
-    exact sum. A request dropped on one rank before it ended still ends
-    (the engine holds its run): the others' waits return. On two ranks, counts that differ by one element: the error
+    exact sum. A persistent request's run, started in its C front, goes to
+    the thread the same way. A request dropped on one rank before it ended
+    still ends (the engine holds its run): the others' waits return. On two ranks, counts that differ by one element: the error
     the thread met is raised by wait() on both, and the next calls work
     (not under Open MPI: see below)."""
     import time
@@ -1256,6 +1257,25 @@ def test_long_program_runs_progress_on_the_c_thread(comm):
     # ranks that were not late, every one of those was left pending)
     handed = comm.allgather(handed)
     assert all(h >= 3 * 8 for h in handed[1:]), handed
+    # A persistent request's run (its C front) goes to the thread the same way.
+    xs, ys = np.zeros(n), np.zeros(n)
+    for name in ("recursive_doubling", "ring"):
+        pq = mpicoll.allreduce_init(xs, out=ys, algorithm=name, comm=comm)
+        for i in range(3):
+            xs[:] = np.arange(n) + r
+            if r == 0:
+                time.sleep(0.005)
+            pq.start()
+            run = getattr(pq._req, "_mpi", None)
+            if r > 0:
+                assert type(run) is xrun and run.bg and pq._req._listed, (name, i)
+                deadline = time.monotonic() + 60
+                while run.active and not run.bg_done and time.monotonic() < deadline:
+                    sum(range(1000))
+                assert not run.active or run.bg_done, (name, i, "the C thread did not end the persistent run")
+            assert np.array_equal(pq.wait(), want), (name, i)
+            comm.Barrier()
+        pq.free()
     # A request dropped on rank 0 before it ended: the engine still holds
     # its run, the thread ends it, and the others' waits return.
     import gc
