@@ -73,10 +73,15 @@ for dtype in ("float32", "float16", "int32"):
 big = (np.arange(300000) % 5 + rank).astype(np.float32)
 want = mpicoll.allreduce(big, comm=comm, algorithm="mpi")
 for algorithm in ("ring", "recursive_doubling", "shm"):
+    pq = mpicoll.allreduce_init(big, out=np.empty_like(big), comm=comm, algorithm=algorithm)  # (its C front's runs)
     for _ in range(3):
         if rank == 0:
             time.sleep(0.01)  # (the others' first pass cannot finish the run)
         assert mpicoll.iallreduce(big, comm=comm, algorithm=algorithm).wait().tobytes() == want.tobytes()
+        if rank == 0:
+            time.sleep(0.01)
+        assert pq().tobytes() == want.tobytes()
+    pq.free()
 for n in (0, 7, 20000):
     x = (np.arange(n) % 3 + rank).astype(np.float32)
     got = mpicoll.iallreduce(x, comm=comm).wait()
