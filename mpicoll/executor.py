@@ -177,6 +177,14 @@ class Kit:
         self.c_buf = ffi.from_buffer(buf, require_writable=True)
         self.c_src = ffi.NULL if src is None else ffi.from_buffer(src)
 
+    def abandon(self, *also) -> None:
+        """Leave this kit of a failed run to the library: the messages it
+        posted may still land in what it points into (and in ``also``, the
+        arrays a run bound elsewhere), so all of it is kept for good
+        (engine._abandoned) and the kit is never used again."""
+        self.dead = True
+        engine._abandoned.append((self, *also) if also else self)
+
     def release(self):
         """Drop the bound buffers (nothing of the caller's stays exported)."""
         if self.keep:
@@ -289,8 +297,7 @@ class Executable:
         next run gets a fresh kit, and the gated Call is pointed at it."""
         kit = self.kit
         kit.bind(buf, src)
-        kit.dead = True
-        engine._abandoned.append(kit)
+        kit.abandon()
         self.kit = self._blocking_kit()
         if self.gated:
             self.point(self.gated)
@@ -329,8 +336,7 @@ class Executable:
         library (the messages it posted may still land); the Call gets a new
         I-run; the error is returned for the run to record or raise."""
         kit, xr = self.ikit, self.ixr
-        kit.dead = True
-        engine._abandoned.append((kit, xr.bufs))
+        kit.abandon(xr.bufs)
         self.ixr = None
         self.gated.program_i(None)  # (its state stopped mid-run: never run again)
         self._point_i(self.gated)
@@ -423,8 +429,7 @@ class Executable:
         that thread, the engine's list). ``finish`` after the kit's
         release; a failed run's kit stays with the library."""
         def failed(rc, tag, seq):
-            kit.dead = True
-            engine._abandoned.append(kit)
+            kit.abandon()
             return self.error(rc, kit.info, tag, seq)
 
         def done():
@@ -474,8 +479,7 @@ class ProgramRequest(engine.Request):
     def _fail(self, exc) -> None:
         # Posted messages stay with the library: keep what they point into
         # (the kit holds the state, the buffers and the scratch).
-        self._kit.dead = True
-        engine._abandoned.append(self._kit)
+        self._kit.abandon()
         self._kit = None
         self._error = exc
         self._complete()

@@ -129,8 +129,7 @@ class Persistent(_Front):
         still land), the C path is off until the next start makes a new kit,
         and the error is returned for the run to raise."""
         kit = self._kit
-        kit.dead = True
-        engine._abandoned.append(kit)
+        kit.abandon()
         self._program(None, None, None)
         return self._exe.error(rc, kit.info, tag, seq)
 
