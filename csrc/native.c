@@ -620,7 +620,9 @@ typedef struct {
     intptr_t handle;
     long long seq;
     PyObject *owner, *fail;
-    PyObject *bufs; /* an I-run's: the arrays buf and src point into, held while the run is active */
+    /* an I-run's: the arrays buf and src point into (bx NULL in place),
+     * held while the run is active - its request holds the XRun */
+    PyObject *bo, *bx;
     /* background progress, as Req's: in the C thread's list, the run
      * finished or failed there, and the executor's status it ended with */
     int bg, bg_done, bg_rc;
@@ -2210,7 +2212,8 @@ static PyTypeObject CallType = {
 static int XRun_traverse(XRun *self, visitproc visit, void *arg) {
     Py_VISIT(self->owner);
     Py_VISIT(self->fail);
-    Py_VISIT(self->bufs);
+    Py_VISIT(self->bo);
+    Py_VISIT(self->bx);
     return 0;
 }
 
@@ -2219,7 +2222,8 @@ static int XRun_clear(XRun *self) {
         return 0; /* in the library's hands: what it points into stays */
     Py_CLEAR(self->owner);
     Py_CLEAR(self->fail);
-    Py_CLEAR(self->bufs);
+    Py_CLEAR(self->bo);
+    Py_CLEAR(self->bx);
     return 0;
 }
 
@@ -2230,7 +2234,8 @@ static void XRun_dealloc(XRun *self) {
         self->active = 0; /* (finished by the C thread) */
     if (self->active) { /* (leaked on purpose: the library may still write into it) */
         Py_XINCREF(self->owner);
-        Py_XINCREF(self->bufs);
+        Py_XINCREF(self->bo);
+        Py_XINCREF(self->bx);
         self->active = 0;
     }
     XRun_clear(self);
@@ -2316,7 +2321,8 @@ static int xrun_settle(XRun *x, int rc) {
     if (rc == MPICOLL_X_DONE || rc == MPICOLL_X_PENDING) {
         if (rc == MPICOLL_X_DONE) {
             x->active = 0;
-            Py_CLEAR(x->bufs);
+            Py_CLEAR(x->bo);
+            Py_CLEAR(x->bx);
         }
         return rc;
     }
@@ -2324,9 +2330,10 @@ static int xrun_settle(XRun *x, int rc) {
     PyObject *t = NULL, *v = NULL, *tb = NULL;
     if (rc == MPICOLL_X_EINTR) /* (fail() gives up the kit; the handler's exception is raised) */
         PyErr_Fetch(&t, &v, &tb);
-    /* (fail() keeps the kit and an I-run's bufs for the library: after it, ours go) */
+    /* (fail() keeps the kit and an I-run's arrays for the library: after it, ours go) */
     PyObject *exc = PyObject_CallFunction(x->fail, "iiL", rc, x->tag, x->seq);
-    Py_CLEAR(x->bufs);
+    Py_CLEAR(x->bo);
+    Py_CLEAR(x->bx);
     if (t != NULL) {
         Py_XDECREF(exc);
         PyErr_Clear();
@@ -2422,6 +2429,18 @@ static PyObject *XRun_background(XRun *self, PyObject *unused) {
     return PyBool_FromLong(self->bg);
 }
 
+/* bufs: an I-run's arrays while it runs, (out,) or (x, out); None. */
+static PyObject *XRun_bufs(XRun *self, void *closure) {
+    (void)closure;
+    if (self->bo == NULL)
+        Py_RETURN_NONE;
+    return self->bx == NULL ? PyTuple_Pack(1, self->bo) : PyTuple_Pack(2, self->bx, self->bo);
+}
+
+static PyGetSetDef XRun_getset[] = {
+    {"bufs", (getter)XRun_bufs, NULL, "an I-run's arrays while it runs, (out,) or (x, out); None", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+
 static PyMethodDef XRun_methods[] = {
     {"Test", (PyCFunction)XRun_Test, METH_NOARGS, "Test() -> bool: one nonblocking pass of the executor."},
     {"Wait", (PyCFunction)XRun_Wait, METH_NOARGS, "Wait(): the rest of the run, the GIL released."},
@@ -2435,7 +2454,6 @@ static PyMemberDef XRun_members[] = {
     {"active", T_INT, offsetof(XRun, active), READONLY, "started, not yet complete"},
     {"tag", T_INT, offsetof(XRun, tag), READONLY, "the current run's tag"},
     {"seq", T_LONGLONG, offsetof(XRun, seq), READONLY, "the current run's call number"},
-    {"bufs", T_OBJECT, offsetof(XRun, bufs), READONLY, "an I-run's arrays while it runs (x, out), or None"},
     {"bg", T_INT, offsetof(XRun, bg), READONLY, "handed to the C progress thread and not taken back"},
     {"bg_done", T_INT, offsetof(XRun, bg_done), READONLY,
      "the C thread ended the run (a snapshot read without its mutex: for tests)"},
@@ -2453,6 +2471,7 @@ static PyTypeObject XRunType = {
     .tp_dealloc = (destructor)XRun_dealloc,
     .tp_methods = XRun_methods,
     .tp_members = XRun_members,
+    .tp_getset = XRun_getset,
 };
 
 /* ---- a persistent request's start and wait, in C (persistent.Persistent) -----
@@ -2734,12 +2753,12 @@ static int list_pending(RCore *r) {
     return got == NULL ? -1 : 0;
 }
 
-/* A started run the first pass left pending, as the engine's request: a
- * NativeRequest over the XRun (its _finish the plan's), the state held,
- * listed (as Python's start lists its ProgramRequest). The request, or
- * NULL with an error. */
-static PyObject *xlisted(Persist *self, XRun *x) {
-    RCore *r = (RCore *)new_request((PyObject *)x, self->result, self->xfinish, self->st);
+/* A run a first pass left pending, as the engine's request: a
+ * NativeRequest over the XRun ``run`` (``finish`` its _finish), the state
+ * ``st`` held, listed (as Python's start lists its ProgramRequest). The
+ * request, or NULL with an error. */
+static PyObject *listed_request(PyObject *run, PyObject *result, PyObject *finish, PyObject *st) {
+    RCore *r = (RCore *)new_request(run, result, finish, st);
     if (r == NULL)
         return NULL;
     if (list_pending(r) < 0) {
@@ -2763,7 +2782,7 @@ static PyObject *completed_with(Persist *self, PyObject *exc) {
 /* start() of a compiled schedule's run: Persistent._start's program branch
  * (the gate, the inputs, the call number and its tag, the executor's first
  * pass); a run the pass finished is finished here (``ran``), a pending one
- * listed (xlisted), an executor error handed to Python's _xstarted. */
+ * listed (listed_request), an executor error handed to Python's _xstarted. */
 static PyObject *persist_xstart(Persist *self, XRun *x) {
     if (E_cls == NULL || x->active)
         return self->active ? persist_again() : PyObject_CallMethodNoArgs((PyObject *)self, s__start);
@@ -2798,7 +2817,7 @@ static PyObject *persist_xstart(Persist *self, XRun *x) {
             Py_XDECREF(tb);
         }
     } else if (rc == MPICOLL_X_PENDING) {
-        req = xlisted(self, x);
+        req = listed_request((PyObject *)x, self->result, self->xfinish, self->st);
         if (req != NULL && self->xbg) { /* (not handed: it stays listed only) */
             PyObject *b = XRun_background(x, NULL);
             Py_XDECREF(b);
@@ -3047,13 +3066,12 @@ static int iprogram_free(Call *self) {
 /* The first pass of an I-call on ``ixr``: the arrays (xo, out) held and
  * their data (buf, src) bound, the run numbered (tag, seq). The executor's
  * status (DONE or PENDING), or -1 with the run's error set (its fail() has
- * kept the kit). */
+ * kept the kit and the arrays). */
 static int iprogram_pass(PyObject *ixr, PyObject *xo, PyObject *out, char *buf, char *src, int tag, long long seq) {
     XRun *x = (XRun *)ixr;
-    PyObject *bufs = xo == out ? Py_NewRef(out) : PyTuple_Pack(2, xo, out);
-    if (bufs == NULL)
-        return -1;
-    Py_XSETREF(x->bufs, bufs);
+    /* (two references, not a tuple: no allocation per call) */
+    Py_XSETREF(x->bo, Py_NewRef(out));
+    Py_XSETREF(x->bx, xo == out ? NULL : Py_NewRef(xo));
     x->buf = buf;
     x->src = src;
     x->tag = tag;
@@ -3071,18 +3089,10 @@ static int iprogram_pass(PyObject *ixr, PyObject *xo, PyObject *out, char *buf, 
  * an error of ours. */
 static PyObject *iprogram_request(PyObject *ixr, int rc, PyObject *out, PyObject *st, Py_ssize_t nbytes) {
     if (rc == MPICOLL_X_PENDING && nbytes >= E_list_min)
-        return PyTuple_Pack(2, out, ixr); /* (the run holds its arrays: x->bufs) */
+        return PyTuple_Pack(2, out, ixr); /* (the run holds its arrays: x->bo, x->bx) */
     if (rc == MPICOLL_X_PENDING) {
-        /* (on an error below the run stays active: the XRun keeps what it points into) */
-        RCore *r = (RCore *)new_request(ixr, out, NULL, st);
-        if (r == NULL)
-            return NULL;
-        r->keep = Py_NewRef(((XRun *)ixr)->bufs);
-        if (list_pending(r) < 0) {
-            Py_DECREF(r);
-            return NULL;
-        }
-        return (PyObject *)r;
+        /* (on an error the run stays active: the XRun keeps what it points into) */
+        return listed_request(ixr, out, NULL, st);
     }
     PyObject *exc = NULL;
     if (rc < 0) {
